@@ -1,0 +1,75 @@
+"""Horovod's collective helpers, among the workers (the server takes no part).
+
+``allreduce`` averages metrics over the workers; ``broadcast_parameters`` and
+``broadcast_optimizer_state`` copy worker ``root_rank``'s values to the other
+workers.  Training itself needs neither broadcast -- every worker starts from
+the server's weights -- but scripts written for Horovod call them, and they
+keep working.  On the server and when training locally they do nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, Optional, Tuple, Union
+
+import torch
+
+from .layout import byte_view
+from .runtime import WORKER, runtime
+
+Average, Sum = "average", "sum"
+
+
+def _worker_comm():
+    rt = runtime()
+    return rt.workers if rt.role == WORKER else None
+
+
+def allreduce(
+    tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None, op: str = Average
+) -> torch.Tensor:
+    """A new tensor: ``tensor`` summed or averaged over the workers."""
+    if average is not None:
+        op = Average if average else Sum
+    result = tensor.detach().to("cpu", copy=True).contiguous()
+    comm = _worker_comm()
+    if comm is not None:
+        mpi = runtime().mpi
+        comm.Allreduce(mpi.IN_PLACE, result.numpy(), op=mpi.SUM)
+        if op == Average:
+            result = result / comm.Get_size() if result.is_floating_point() else result // comm.Get_size()
+    return result.to(tensor.device)
+
+
+def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None, op: str = Average) -> torch.Tensor:
+    """In-place :func:`allreduce`."""
+    return tensor.copy_(allreduce(tensor, average, name, op))
+
+
+def broadcast_parameters(
+    params: Union[Dict[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]], root_rank: int = 0
+) -> None:
+    """Copy worker ``root_rank``'s tensors into every worker's, in place."""
+    comm = _worker_comm()
+    if comm is None:
+        return
+    items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    for _, tensor in items:
+        host = tensor.detach().to("cpu", copy=True).contiguous()
+        comm.Bcast(byte_view(host), root=root_rank)
+        with torch.no_grad():
+            tensor.copy_(host)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+    """Worker ``root_rank``'s ``obj`` (pickled), on every worker."""
+    comm = _worker_comm()
+    return obj if comm is None else comm.bcast(obj, root=root_rank)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+    """Load worker ``root_rank``'s optimizer state on every worker."""
+    comm = _worker_comm()
+    if comm is None:
+        return
+    state = broadcast_object(optimizer.state_dict(), root_rank)
+    optimizer.load_state_dict(state)

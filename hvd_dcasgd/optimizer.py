@@ -1,0 +1,158 @@
+"""``DistributedOptimizer``: the user's optimizer, made asynchronous.
+
+Shaped like Horovod's ``horovod/torch/optimizer.py``: a dynamic subclass of
+the user's optimizer class, gradient hooks that count backward passes, and
+``synchronize()`` / ``skip_synchronize()``.  On a worker, ``step()`` pushes the
+gradients to the parameter server and loads the weights it answers with; the
+server runs the user's optimizer on the compensated gradient.  On the server
+rank, building the optimizer *is* running the server: it serves until every
+worker has finished, then exits with status 0.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Optional, Tuple, Type
+
+import torch
+
+from .compensation import Compensation
+from .compression import Compression, Compressor
+from .errors import HvdDcasgdError
+from .layout import ModelLayout
+from .runtime import LOCAL, SERVER, runtime
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, backward_passes_per_step: int = 1):
+        super(self.__class__, self).__init__(params)
+        self.backward_passes_per_step = backward_passes_per_step
+        self._session = None
+        self._synchronized = False
+        self._should_synchronize = True
+        self._passes = {}
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._count_pass)
+            for group in self.param_groups
+            for p in group["params"]
+            if p.requires_grad
+        ]
+
+    def _count_pass(self, p: torch.Tensor) -> None:
+        count = self._passes.get(p, 0) + 1
+        if count > self.backward_passes_per_step:
+            raise HvdDcasgdError(
+                "hvd_dcasgd: gradients were computed more than backward_passes_per_step="
+                f"{self.backward_passes_per_step} times before step(); increase backward_passes_per_step "
+                "to accumulate gradients locally, or call step() after each backward()."
+            )
+        self._passes[p] = count
+
+    def synchronize(self) -> None:
+        """Push the accumulated gradients and load the server's new weights."""
+        self._passes.clear()
+        if self._session is not None:
+            self._session.worker.exchange()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this block ``step()`` does not exchange again after an
+        explicit ``synchronize()``."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        """Exchange with the server (the server steps); locally, a plain step."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._session is None:
+            self._passes.clear()
+            super(self.__class__, self).step()
+            return loss
+        if self._should_synchronize and not self._synchronized:
+            self.synchronize()
+        self._synchronized = False
+        return loss
+
+
+def _from_env(name: str, value):
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return value
+    if name == "HVD_DCASGD_LAMBDA":
+        try:
+            return float(raw)
+        except ValueError:
+            raise HvdDcasgdError(f"hvd_dcasgd: {name}={raw!r} is not a number") from None
+    return raw
+
+
+def _server_device(requested: Optional[str]) -> torch.device:
+    requested = os.environ.get("HVD_DCASGD_SERVER_DEVICE") or requested
+    if requested:
+        return torch.device(requested)
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+    compression: Type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    *,
+    compensation: str = "adaptive",
+    lambda_0: Optional[float] = None,
+    mean_square_momentum: float = 0.95,
+    eps: float = 1e-7,
+    per_worker_mean_square: bool = False,
+    model: Optional[torch.nn.Module] = None,
+    trace: Optional[str] = None,
+    server_device: Optional[str] = None,
+    check_finite: bool = True,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` for asynchronous training with delay compensation.
+
+    ``compensation``: ``"adaptive"`` (DC-ASGD-a), ``"constant"`` (DC-ASGD-c),
+    ``"none"`` (ASGD) or ``"sync"`` (synchronous SGD); ``HVD_DCASGD_COMPENSATION``
+    and ``HVD_DCASGD_LAMBDA`` override ``compensation`` and ``lambda_0``.
+    ``model`` lets the server manage the model's buffers (BatchNorm statistics).
+    ``trace`` (or ``HVD_DCASGD_TRACE``) is a path for the server's JSON-lines
+    trace.  ``server_device`` (or ``HVD_DCASGD_SERVER_DEVICE``) overrides the
+    server's device, CUDA when it has one.  See the README for every option.
+    """
+    rt = runtime()
+    if backward_passes_per_step < 1:
+        raise HvdDcasgdError("hvd_dcasgd: backward_passes_per_step must be at least 1")
+    settings = Compensation(
+        mode=_from_env("HVD_DCASGD_COMPENSATION", compensation),
+        lambda_0=_from_env("HVD_DCASGD_LAMBDA", lambda_0),
+        mean_square_momentum=mean_square_momentum,
+        eps=eps,
+        per_worker_mean_square=per_worker_mean_square,
+    )
+    layout = ModelLayout.of(optimizer, named_parameters, model)
+    wire_dtype = compression.wire(layout.dtype)
+    if rt.role == SERVER:
+        from .session import run_server
+
+        if rt.session is not None:
+            raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
+        trace = os.environ.get("HVD_DCASGD_TRACE") or trace
+        run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(server_device), trace)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    wrapped = cls(optimizer.param_groups, backward_passes_per_step)
+    wrapped.compensation = settings
+    if rt.role != LOCAL:
+        from .session import start_worker
+
+        if rt.session is not None:
+            raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
+        wrapped._session = start_worker(rt, wrapped, layout, settings, wire_dtype, model, check_finite)
+    return wrapped

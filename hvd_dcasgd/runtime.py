@@ -1,0 +1,144 @@
+"""Process roles and Horovod's basic calls: ``init``, ``rank``, ``size``, ...
+
+Launched with N+1 MPI ranks, rank 0 becomes the parameter server and ranks
+1..N the workers.  ``rank()`` and ``size()`` answer as Horovod would among
+the workers (worker index, number of workers), so existing data sharding works
+unchanged.  Launched as one process, the script trains locally.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .errors import HvdDcasgdError
+from .mpi import load_mpi
+
+SERVER, WORKER, LOCAL = "server", "worker", "local"
+
+_LAUNCHER_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+
+
+@dataclass
+class Runtime:
+    """Everything ``init()`` learned about this process."""
+
+    role: str
+    mpi: Any = None
+    world: Any = None  # every rank, the server included
+    workers: Any = None  # the workers only (this rank alone on the server)
+    worker_rank: int = 0
+    num_workers: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    session: Any = None  # the running worker or server session, if any
+
+
+_runtime: Optional[Runtime] = None
+
+
+def _launched_size() -> int:
+    for name in _LAUNCHER_SIZE_VARIABLES:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 1
+
+
+def _warn_local(reason: str) -> None:
+    script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train.py"
+    print(
+        f"hvd_dcasgd: warning: {reason}, so this trains locally as sequential SGD; to train asynchronously "
+        f"launch one more rank than workers, e.g. `mpirun -np 5 python {script}` (server + 4 workers).",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def init(comm: Any = None) -> None:
+    """Start the runtime: decide this process's role and build communicators.
+
+    ``comm`` (an mpi4py communicator) replaces ``MPI.COMM_WORLD``, as in
+    Horovod.  Calling ``init`` twice is harmless.
+    """
+    global _runtime
+    if _runtime is not None:
+        return
+    try:
+        mpi = load_mpi()
+    except HvdDcasgdError:
+        if _launched_size() > 1:
+            raise
+        _runtime = Runtime(role=LOCAL)
+        _warn_local("MPI is not available (install Open MPI and mpi4py)")
+        return
+    world = (comm if comm is not None else mpi.COMM_WORLD).Dup()
+    if world.Get_size() == 1:
+        _runtime = Runtime(role=LOCAL, mpi=mpi, world=world, workers=world)
+        _warn_local("running as a single process with no parameter server")
+        return
+    is_server = world.Get_rank() == 0
+    workers = world.Split(0 if is_server else 1, world.Get_rank())
+    node = workers.Split_type(mpi.COMM_TYPE_SHARED)
+    _runtime = Runtime(
+        role=SERVER if is_server else WORKER,
+        mpi=mpi,
+        world=world,
+        workers=workers,
+        worker_rank=0 if is_server else workers.Get_rank(),
+        num_workers=world.Get_size() - 1,
+        local_rank=0 if is_server else node.Get_rank(),
+        local_size=1 if is_server else node.Get_size(),
+    )
+    node.Free()
+    atexit.register(shutdown)
+
+
+def runtime() -> Runtime:
+    """The initialised runtime, or a clear error if ``init()`` was not called."""
+    if _runtime is None:
+        raise HvdDcasgdError("hvd_dcasgd has not been initialized; call hvd_dcasgd.init() first.")
+    return _runtime
+
+
+def shutdown() -> None:
+    """End training: every rank ends up with the server's final weights.
+
+    A worker tells the server it has left, waits for the others, then takes
+    part in the final exchange (buffers averaged, final weights broadcast).
+    Called automatically at exit; safe to call more than once.
+    """
+    if _runtime is not None and _runtime.session is not None:
+        session, _runtime.session = _runtime.session, None
+        session.finish()
+
+
+def rank() -> int:
+    """This worker's index among the workers (0 on the server and locally)."""
+    return runtime().worker_rank
+
+
+def size() -> int:
+    """The number of workers (1 when training locally)."""
+    return runtime().num_workers
+
+
+def local_rank() -> int:
+    """This worker's index among the workers on its node."""
+    return runtime().local_rank
+
+
+def local_size() -> int:
+    """The number of workers on this node."""
+    return runtime().local_size
+
+
+def is_server() -> bool:
+    """True on the parameter-server rank."""
+    return runtime().role == SERVER
+
+
+def is_initialized() -> bool:
+    return _runtime is not None

@@ -1,0 +1,197 @@
+"""The parameter server: the paper's Algorithm 2 over the worker mailboxes.
+
+The server owns the model w (the user's model on rank 0, its parameters made
+views of one flat buffer) and, for every worker m, the backup w_bak(m): the
+weights last sent to m.  On the CPU the backup *is* m's outbox in the window,
+so recording the backup and sending the weights are one and the same write.
+
+On a push g from worker m the server compensates g against w - w_bak(m),
+lets the user's own optimizer step with it at the learning rate m's optimizer
+has, then writes w into m's outbox (w_bak(m) = w) and answers.  In ``sync``
+mode it waits for one push from every active worker, averages, and steps once.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+
+from .channel import ServerChannel
+from .compensation import Compensation, dcasgd_
+from .layout import ModelLayout, PushMessage, flatten_into
+from .staging import Staging
+from .telemetry import Telemetry
+from .transport import Backoff, Mailboxes
+
+
+def is_plain_sgd(optimizer: torch.optim.Optimizer) -> bool:
+    """True for ``torch.optim.SGD`` without momentum or weight decay: the
+    update the fused compensation kernel performs by itself in one pass."""
+    return type(optimizer) is torch.optim.SGD and all(
+        g["momentum"] == 0 and g["weight_decay"] == 0 and not g.get("maximize", False)
+        for g in optimizer.param_groups
+    )
+
+
+class ParameterServer:
+    """Applies pushed gradients to the model and answers each worker."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        layout: ModelLayout,
+        compensation: Compensation,
+        mailboxes: Mailboxes,
+        channel: ServerChannel,
+        wire_dtype: torch.dtype,
+        device: torch.device,
+        telemetry: Telemetry,
+    ):
+        self.optimizer = optimizer
+        self.layout = layout
+        self.compensation = compensation
+        self.channel = channel
+        self.device = device
+        self.telemetry = telemetry
+        num_workers = channel.num_workers
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        self.weights = torch.empty(layout.numel, dtype=layout.dtype, device=device)
+        flatten_into(self.weights, layout.views(self.weights), [p.detach() for p in params])
+        self.grad = torch.zeros_like(self.weights)
+        for p, weight, grad in zip(params, layout.views(self.weights), layout.views(self.grad)):
+            p.data = weight
+            p.grad = grad
+        self.messages = [PushMessage(layout, wire_dtype, mailboxes.inbox(m)) for m in range(num_workers)]
+        self.outboxes = [mailboxes.outbox(m).view(layout.dtype) for m in range(num_workers)]
+        if device.type == "cuda":
+            self.staging: Optional[Staging] = Staging(layout.numel, wire_dtype, layout.dtype, device)
+            self.backups = [self.weights.clone() for _ in range(num_workers)]
+            self.wire_gradient = torch.empty(layout.numel, dtype=wire_dtype, device=device)
+        else:
+            self.staging = None
+            self.backups = self.outboxes
+        self.sent_at = [0] * num_workers
+        self.updates = 0
+        for m in range(num_workers):
+            self.backups[m].copy_(self.weights)
+            self._send(m)
+        if compensation.adaptive:
+            count = num_workers if compensation.per_worker_mean_square else 1
+            self.mean_squares = [torch.zeros_like(self.weights) for _ in range(count)]
+        self.fused_sgd = is_plain_sgd(optimizer)
+        self.group_ranges = layout.group_ranges()
+
+    # --- one update -----------------------------------------------------
+    def _gradient(self, worker: int, out: Optional[torch.Tensor]) -> torch.Tensor:
+        """Worker's pushed gradient on the server device, in the model dtype.
+
+        Zero-copy (a view of the inbox) when ``out`` is None and the gradient
+        already is in the model dtype on the CPU."""
+        wire = self.messages[worker].gradient
+        if self.staging is not None:
+            self.staging.upload(wire, self.wire_gradient)
+            wire = self.wire_gradient
+        if out is None and wire.dtype == self.weights.dtype and wire.device == self.weights.device:
+            return wire
+        out = self.grad if out is None else out
+        return out.copy_(wire)
+
+    def _mean_square(self, worker: int) -> Optional[List[torch.Tensor]]:
+        if not self.compensation.adaptive:
+            return None
+        return [self.mean_squares[worker if self.compensation.per_worker_mean_square else 0]]
+
+    def _send(self, worker: int) -> None:
+        """Make w_bak(worker) visible in worker's outbox."""
+        if self.staging is not None:
+            self.staging.download(self.backups[worker], self.outboxes[worker])
+        self.sent_at[worker] = self.updates
+
+    def _step(self, gradient: torch.Tensor, worker: int, lrs: Sequence[float]) -> None:
+        """w <- optimizer step with the compensated gradient; w_bak(worker) <- w."""
+        comp = self.compensation
+        lambda_0 = comp.lambda_0 if comp.compensates else 0.0
+        mean_square = self._mean_square(worker)
+        backup = self.backups[worker]
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        if self.fused_sgd:
+            for (start, end), lr in zip(self.group_ranges, lrs):
+                dcasgd_(
+                    [gradient[start:end]],
+                    [self.weights[start:end]],
+                    [backup[start:end]],
+                    None if mean_square is None else [mean_square[0][start:end]],
+                    lambda_0=lambda_0,
+                    mean_square_momentum=comp.mean_square_momentum,
+                    eps=comp.eps,
+                    lr=lr,
+                )
+            return
+        if gradient is not self.grad:
+            self.grad.copy_(gradient)
+        if lambda_0 > 0:
+            dcasgd_(
+                [self.grad],
+                [self.weights],
+                [backup],
+                mean_square,
+                lambda_0=lambda_0,
+                mean_square_momentum=comp.mean_square_momentum,
+                eps=comp.eps,
+            )
+        self.optimizer.step()
+        backup.copy_(self.weights)
+
+    def apply(self, worker: int) -> None:
+        """Apply worker's pending push as one server update (ASGD / DC-ASGD)."""
+        self.telemetry.record(self.updates, worker, self.updates - self.sent_at[worker])
+        gradient = self._gradient(worker, None if self.fused_sgd else self.grad)
+        self._step(gradient, worker, self.messages[worker].lrs.tolist())
+        self.updates += 1
+        self._send(worker)
+
+    def apply_round(self, workers: Sequence[int]) -> None:
+        """Average one push from each of ``workers`` into one update (SSGD)."""
+        total = torch.zeros_like(self.grad)
+        for m in workers:
+            self.telemetry.record(self.updates, m, self.updates - self.sent_at[m])
+            total.add_(self._gradient(m, self.grad))
+        self.grad.copy_(total.div_(len(workers)))
+        first = workers[0]
+        self._step(self.grad, first, self.messages[first].lrs.tolist())
+        self.updates += 1
+        for m in workers:
+            if m != first:
+                self.backups[m].copy_(self.weights)
+            self._send(m)
+
+    # --- the loop ---------------------------------------------------------
+    def serve(self) -> None:
+        """Answer pushes until every worker has left, then close the session."""
+        synchronous = self.compensation.mode == "sync"
+        backoff = Backoff()
+        while True:
+            ready, left = self.channel.poll()
+            if synchronous:
+                active = [m for m in range(self.channel.num_workers) if not left[m]]
+                if active and all(m in ready for m in active):
+                    self.apply_round(active)
+                    for m in active:
+                        self.channel.reply(m)
+                else:
+                    ready = []
+            else:
+                for m in ready:
+                    self.apply(m)
+                    self.channel.reply(m)
+            if ready:
+                backoff.reset()
+            elif all(left):
+                break
+            else:
+                backoff.wait()
+        self.channel.close()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

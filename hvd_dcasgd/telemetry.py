@@ -1,0 +1,55 @@
+"""What the server counts: updates, pushes per worker, staleness; the trace.
+
+Staleness of a gradient is the number of server updates applied between the
+weights it was computed on (the ones last sent to its worker) and its own
+update: every gradient is exactly M-1 stale with M workers in round-robin.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from typing import IO, List, Optional
+
+
+class Telemetry:
+    """Counts every applied gradient and, with ``trace_path``, writes one JSON
+    line per gradient: ``{"update": i, "worker": m, "step": k, "staleness": s}``."""
+
+    def __init__(self, num_workers: int, trace_path: Optional[str] = None):
+        self.num_workers = num_workers
+        self.pushes: List[int] = [0] * num_workers
+        self.staleness = Counter()
+        self.updates = 0
+        self.started = time.perf_counter()
+        self._trace: Optional[IO[str]] = open(trace_path, "w") if trace_path else None
+
+    def record(self, update: int, worker: int, staleness: int) -> None:
+        """Note that ``worker``'s next push went into server update ``update``."""
+        step = self.pushes[worker]
+        self.pushes[worker] += 1
+        self.staleness[staleness] += 1
+        self.updates = max(self.updates, update + 1)
+        if self._trace is not None:
+            self._trace.write(json.dumps({"update": update, "worker": worker, "step": step, "staleness": staleness}) + "\n")
+
+    def close(self) -> None:
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
+
+    def summary(self) -> str:
+        """A few lines for the end of a run."""
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        total = sum(self.staleness.values())
+        mean = sum(s * n for s, n in self.staleness.items()) / total if total else 0.0
+        worst = max(self.staleness) if self.staleness else 0
+        histogram = " ".join(f"{s}:{n}" for s, n in sorted(self.staleness.items()))
+        rates = " ".join(f"w{m}={n / elapsed:.1f}/s" for m, n in enumerate(self.pushes))
+        return (
+            f"hvd_dcasgd server: {self.updates} updates in {elapsed:.1f} s ({self.updates / elapsed:.1f} updates/s), "
+            f"{total} gradients\n"
+            f"hvd_dcasgd server: staleness mean {mean:.2f} max {worst}; histogram {histogram or '-'}\n"
+            f"hvd_dcasgd server: pushes per worker {self.pushes}; throughput {rates}"
+        )

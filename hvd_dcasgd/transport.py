@@ -1,0 +1,161 @@
+"""MPI one-sided (RMA) primitives the parameter-server protocol is built from.
+
+Two windows, both allocated on the owner (rank 0) with ``MPI.Win.Allocate`` so
+that Open MPI's fast paths and atomics apply, both opened once with
+``Lock_all`` for the whole run (passive target: the owner posts nothing):
+
+* :class:`ControlWords` -- a few int64 words, touched only with atomics
+  (``Fetch_and_op`` / ``Accumulate`` / ``Get_accumulate``) followed by a flush,
+  so a reader never sees a torn value and a flag is never seen before the data
+  it announces;
+* :class:`Mailboxes` -- one slot per worker, an *inbox* only that worker writes
+  (its gradient) and an *outbox* only the server writes (its weights), so
+  writers never overlap.  A whole message is one ``Put`` or one ``Get``.
+
+:class:`Backoff` paces polling loops so that waiting processes leave the CPU to
+those that compute, and keep calling into MPI (progress on stacks without
+asynchronous progress).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+ALIGN = 64
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+class Backoff:
+    """Sleeps a little longer each time nothing happened, up to ``max_sleep``."""
+
+    def __init__(self, max_sleep: float = 1e-3, spins: int = 20):
+        self.max_sleep = max_sleep
+        self.spins = spins
+        self._idle = 0
+
+    def reset(self) -> None:
+        self._idle = 0
+
+    def wait(self) -> None:
+        self._idle += 1
+        if self._idle <= self.spins:
+            time.sleep(0)
+        else:
+            time.sleep(min(self.max_sleep, 1e-5 * 2 ** min(self._idle - self.spins, 10)))
+
+
+class ControlWords:
+    """``count`` int64 words in ``owner``'s memory, read and written atomically.
+
+    Every operation is flushed before it returns, so its effect is visible to
+    every other rank (and ordered after any data the caller flushed before).
+    """
+
+    def __init__(self, mpi: Any, comm: Any, count: int, owner: int = 0):
+        self._mpi = mpi
+        self.owner = owner
+        self.count = count
+        is_owner = comm.Get_rank() == owner
+        self.win = mpi.Win.Allocate(count * 8 if is_owner else 0, 8, mpi.INFO_NULL, comm)
+        if is_owner:
+            np.frombuffer(self.win.tomemory(), dtype=np.int64)[:] = 0
+        comm.Barrier()
+        self.win.Lock_all(mpi.MODE_NOCHECK)
+        self._operand = np.zeros(1, dtype=np.int64)
+        self._result = np.zeros(1, dtype=np.int64)
+
+    def _fetch_and_op(self, index: int, value: int, op: Any) -> int:
+        self._operand[0] = value
+        self.win.Fetch_and_op(self._operand, self._result, self.owner, index, op)
+        self.win.Flush(self.owner)
+        return int(self._result[0])
+
+    def load(self, index: int) -> int:
+        """Atomically read word ``index``."""
+        return self._fetch_and_op(index, 0, self._mpi.NO_OP)
+
+    def store(self, index: int, value: int) -> None:
+        """Atomically write ``value`` into word ``index``."""
+        self._fetch_and_op(index, value, self._mpi.REPLACE)
+
+    def add(self, index: int, value: int) -> int:
+        """Atomically add ``value`` to word ``index``; return the old value."""
+        return self._fetch_and_op(index, value, self._mpi.SUM)
+
+    def load_all(self, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """Atomically (element-wise) read every word with one ``Get_accumulate``."""
+        out = np.empty(self.count, dtype=np.int64) if out is None else out
+        operand = np.zeros(self.count, dtype=np.int64)
+        self.win.Get_accumulate(operand, out, self.owner, op=self._mpi.NO_OP)
+        self.win.Flush(self.owner)
+        return out
+
+    def free(self) -> None:
+        """Close the access epoch and free the window (collective)."""
+        self.win.Unlock_all()
+        self.win.Free()
+
+
+class Mailboxes:
+    """Per-worker inbox and outbox slots in one window owned by ``owner``.
+
+    Workers address slots by worker index (0-based).  The owner reads inboxes
+    and writes outboxes through zero-copy tensors over its window memory.
+    """
+
+    def __init__(self, mpi: Any, comm: Any, num_workers: int, inbox_bytes: int, outbox_bytes: int, owner: int = 0):
+        self._mpi = mpi
+        self.owner = owner
+        self.inbox_bytes = inbox_bytes
+        self.outbox_bytes = outbox_bytes
+        self._outbox_offset = _aligned(inbox_bytes)
+        self._slot_bytes = self._outbox_offset + _aligned(outbox_bytes)
+        is_owner = comm.Get_rank() == owner
+        size = num_workers * self._slot_bytes if is_owner else 0
+        self.win = mpi.Win.Allocate(size, 1, mpi.INFO_NULL, comm)
+        self._memory = torch.from_numpy(np.frombuffer(self.win.tomemory(), dtype=np.uint8)) if is_owner else None
+        comm.Barrier()
+        self.win.Lock_all(mpi.MODE_NOCHECK)
+
+    def _inbox_disp(self, worker: int) -> int:
+        return worker * self._slot_bytes
+
+    def _outbox_disp(self, worker: int) -> int:
+        return worker * self._slot_bytes + self._outbox_offset
+
+    def put_inbox(self, worker: int, message: np.ndarray) -> None:
+        """Write ``message`` (bytes) into ``worker``'s inbox; complete on return."""
+        nbytes = message.nbytes
+        self.win.Put(message, self.owner, (self._inbox_disp(worker), nbytes, self._mpi.BYTE))
+        self.win.Flush(self.owner)
+
+    def get_outbox(self, worker: int, out: np.ndarray) -> None:
+        """Read ``worker``'s outbox into ``out`` (bytes); complete on return."""
+        self.win.Get(out, self.owner, (self._outbox_disp(worker), out.nbytes, self._mpi.BYTE))
+        self.win.Flush(self.owner)
+
+    def inbox(self, worker: int) -> torch.Tensor:
+        """The owner's uint8 view of ``worker``'s inbox."""
+        start = self._inbox_disp(worker)
+        return self._memory[start : start + self.inbox_bytes]
+
+    def outbox(self, worker: int) -> torch.Tensor:
+        """The owner's uint8 view of ``worker``'s outbox."""
+        start = self._outbox_disp(worker)
+        return self._memory[start : start + self.outbox_bytes]
+
+    def sync(self) -> None:
+        """Memory barrier between the owner's loads/stores and remote accesses."""
+        self.win.Sync()
+
+    def free(self) -> None:
+        """Close the access epoch and free the window (collective)."""
+        self.win.Unlock_all()
+        self.win.Free()

@@ -1,0 +1,73 @@
+"""A worker's exchange with the server: push the gradient, pull the weights.
+
+Gradients are packed into one contiguous message (learning rates, then the
+gradient in the wire dtype): one Put.  The server's answer, its new weights,
+arrives in one host buffer: one Get.  The model's parameters are then loaded
+from it, so the next forward pass runs on the server's weights.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from .channel import WorkerChannel
+from .errors import HvdDcasgdError
+from .layout import ModelLayout, PushMessage, byte_view, flatten_into
+
+
+class Worker:
+    """Packs, checks and exchanges one worker's gradients."""
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        layout: ModelLayout,
+        channel: WorkerChannel,
+        wire_dtype: torch.dtype,
+        check_finite: bool = True,
+    ):
+        self.optimizer = optimizer
+        self.layout = layout
+        self.channel = channel
+        self.check_finite = check_finite
+        self.params: List[torch.Tensor] = [p for g in optimizer.param_groups for p in g["params"]]
+        self.message = PushMessage(layout, wire_dtype)
+        self.gradient_views = layout.views(self.message.gradient)
+        self.weights = torch.empty(layout.numel, dtype=layout.dtype)
+        self.weight_views = layout.views(self.weights)
+        self._message_bytes = self.message.bytes.numpy()
+        self._weight_bytes = byte_view(self.weights)
+
+    def pack(self) -> None:
+        """Copy gradients (zeros where a parameter has none) and learning rates
+        into the message; refuse non-finite gradients before anything is sent."""
+        flatten_into(self.message.gradient, self.gradient_views, [p.grad for p in self.params])
+        if self.check_finite and not bool(torch.isfinite(self.message.gradient).all()):
+            name = next(
+                spec.name
+                for spec, view in zip(self.layout.params, self.gradient_views)
+                if not bool(torch.isfinite(view).all())
+            )
+            cast = "" if self.message.gradient.dtype == self.layout.dtype else f" (as {self.message.gradient.dtype})"
+            raise HvdDcasgdError(
+                f"hvd_dcasgd: worker {self.channel.worker}: the gradient of {name!r}{cast} holds NaN or Inf at "
+                f"push {self.channel.pushes}; nothing was pushed and the server's weights are unchanged "
+                f"(lower the learning rate, clip gradients, or catch this error to skip the batch)."
+            )
+        for i, group in enumerate(self.optimizer.param_groups):
+            self.message.lrs[i] = float(group["lr"])
+
+    def load_weights(self) -> None:
+        """Copy the weights last received into the model's parameters."""
+        with torch.no_grad():
+            for p, view in zip(self.params, self.weight_views):
+                p.copy_(view)
+
+    def exchange(self) -> None:
+        """Push this step's gradient and load the weights the server answers with."""
+        self.pack()
+        self.channel.push(self._message_bytes)
+        self.channel.pull(self._weight_bytes)
+        self.load_weights()

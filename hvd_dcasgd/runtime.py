@@ -94,6 +94,22 @@ def init(comm: Any = None) -> None:
     )
     node.Free()
     atexit.register(shutdown)
+    sys.excepthook = _abort_on_uncaught(sys.excepthook, world)
+
+
+def _abort_on_uncaught(previous, world):
+    """An uncaught exception on one rank would leave the others waiting for it
+    forever: print it, then abort the whole job with a non-zero status.  An
+    error every rank raised together needs no abort."""
+
+    def hook(kind, value, traceback):
+        previous(kind, value, traceback)
+        if not getattr(value, "collective", False):
+            sys.stderr.flush()
+            sys.stdout.flush()
+            world.Abort(1)
+
+    return hook
 
 
 def runtime() -> Runtime:

@@ -62,7 +62,7 @@ def agree(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dty
     problems = _disagreements(gathered[0], gathered[1:]) if rt.role == SERVER else None
     problems = rt.world.bcast(problems, root=0)
     if problems:
-        raise HvdDcasgdError("\n".join(problems))
+        raise HvdDcasgdError("\n".join(problems), collective=True)
 
 
 def _open_windows(rt: Runtime, layout: ModelLayout, wire_dtype: torch.dtype):

@@ -1,0 +1,101 @@
+"""The compensation math: hand-computed cases, and fast implementations
+against the reference that reads like the paper's formula."""
+
+import math
+
+import pytest
+import torch
+
+from hvd_dcasgd import Compensation, dcasgd_
+from hvd_dcasgd import compensation as compensation_module
+
+IMPLEMENTATIONS = [dict(foreach=False, fused=False), dict(foreach=True, fused=False), dict(fused=True)]
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_constant_hand_computed(impl):
+    g = torch.tensor([1.0, 2.0, -3.0])
+    w = torch.tensor([1.0, 1.0, 2.0])
+    w_bak = torch.tensor([0.0, 0.5, 2.5])
+    dcasgd_([g], [w], [w_bak], None, lambda_0=0.04, **impl)
+    # g + 0.04 * g^2 * (w - w_bak)
+    assert torch.allclose(g, torch.tensor([1.04, 2.08, -3.18]))
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_adaptive_hand_computed(impl):
+    g = torch.tensor([2.0, -1.0])
+    w = torch.tensor([1.0, 0.0])
+    w_bak = torch.tensor([0.5, 1.0])
+    ms = torch.tensor([0.0, 4.0])
+    dcasgd_([g], [w], [w_bak], [ms], lambda_0=2.0, mean_square_momentum=0.95, eps=1e-7, **impl)
+    ms_expected = [0.05 * 4.0, 0.95 * 4.0 + 0.05 * 1.0]  # 0.2, 3.85
+    assert torch.allclose(ms, torch.tensor(ms_expected))
+    lam = [2.0 / math.sqrt(m + 1e-7) for m in ms_expected]
+    expected = [2.0 + lam[0] * 4.0 * 0.5, -1.0 + lam[1] * 1.0 * -1.0]
+    assert torch.allclose(g, torch.tensor(expected), rtol=1e-6)
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_with_lr_takes_the_sgd_step_and_records_the_backup(impl):
+    g = torch.tensor([1.0, 2.0])
+    w = torch.tensor([1.0, 1.0])
+    w_bak = torch.tensor([0.0, 0.5])
+    dcasgd_([g], [w], [w_bak], None, lambda_0=0.04, lr=0.5, **impl)
+    expected = torch.tensor([1.0 - 0.5 * 1.04, 1.0 - 0.5 * 2.08])
+    assert torch.allclose(w, expected)
+    assert torch.equal(w_bak, w)
+    assert torch.equal(g, torch.tensor([1.0, 2.0])), "with lr the gradient is left as it came"
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_zero_lambda_is_plain_sgd(impl):
+    g, w, w_bak = torch.randn(100), torch.randn(100), torch.randn(100)
+    expected = w - 0.1 * g
+    dcasgd_([g], [w], [w_bak], None, lambda_0=0.0, lr=0.1, **impl)
+    assert torch.allclose(w, expected)
+    assert torch.equal(w_bak, w)
+
+
+def _random_case(sizes, seed, grad_dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    make = lambda: [torch.randn(n, generator=gen) for n in sizes]  # noqa: E731
+    g = [t.to(grad_dtype) for t in make()]
+    w = make()
+    w_bak = [x + 0.1 * y for x, y in zip(w, make())]
+    ms = [t.abs() for t in make()]
+    return g, w, w_bak, ms
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("lr", [None, 0.3])
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS[1:])
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.float16])
+def test_fast_implementations_match_reference(monkeypatch, adaptive, lr, impl, grad_dtype):
+    monkeypatch.setattr(compensation_module, "FUSED_CHUNK", 1000)  # exercise chunk edges
+    sizes = [4567, 1, 1000, 2500]
+    ref = _random_case(sizes, 0, grad_dtype)
+    fast = _random_case(sizes, 0, grad_dtype)
+    kwargs = dict(lambda_0=2.0 if adaptive else 0.04, mean_square_momentum=0.9, eps=1e-7, lr=lr)
+    dcasgd_(ref[0], ref[1], ref[2], ref[3] if adaptive else None, foreach=False, fused=False, **kwargs)
+    dcasgd_(fast[0], fast[1], fast[2], fast[3] if adaptive else None, **impl, **kwargs)
+    tol = 1e-3 if grad_dtype == torch.float16 and lr is None else 1e-5
+    for a, b in zip(ref[0] + ref[1] + ref[2] + ref[3], fast[0] + fast[1] + fast[2] + fast[3]):
+        assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
+
+
+def test_default_is_fused_for_contiguous_cpu(monkeypatch):
+    calls = []
+    monkeypatch.setattr(compensation_module, "_fused_dcasgd", lambda *a, **k: calls.append("fused"))
+    dcasgd_([torch.ones(3)], [torch.ones(3)], [torch.ones(3)], None, lambda_0=0.04)
+    assert calls == ["fused"]
+
+
+def test_compensation_defaults_and_validation():
+    assert Compensation("constant").lambda_0 == 0.04
+    assert Compensation("adaptive").lambda_0 == 2.0
+    assert not Compensation("none").compensates and not Compensation("sync").compensates
+    with pytest.raises(ValueError, match="unknown compensation 'fast'"):
+        Compensation("fast")
+    with pytest.raises(ValueError, match="lambda_0"):
+        Compensation("constant", lambda_0=float("nan"))

@@ -1,0 +1,150 @@
+"""The server's update, on real (single-rank) MPI windows, against a naive
+reference: the paper's formula written out, then a fresh copy of the same
+torch optimizer stepping with it."""
+
+import copy
+
+import pytest
+import torch
+
+from hvd_dcasgd.channel import ServerChannel, control_words
+from hvd_dcasgd.compensation import Compensation
+from hvd_dcasgd.layout import ModelLayout, PushMessage
+from hvd_dcasgd.mpi import load_mpi
+from hvd_dcasgd.server import ParameterServer, is_plain_sgd
+from hvd_dcasgd.telemetry import Telemetry
+from hvd_dcasgd.transport import ControlWords, Mailboxes
+
+WORKERS = 3
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(6, 5)
+        self.fc2 = torch.nn.Linear(5, 2)
+
+
+OPTIMIZERS = {
+    "sgd": lambda groups: torch.optim.SGD(groups, lr=0.1),
+    "sgd-momentum-wd": lambda groups: torch.optim.SGD(groups, lr=0.1, momentum=0.9, weight_decay=1e-2),
+    "sgd-nesterov": lambda groups: torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True),
+    "adam": lambda groups: torch.optim.Adam(groups, lr=0.01, weight_decay=1e-3),
+}
+
+
+def _groups(model):
+    return [{"params": list(model.fc1.parameters())}, {"params": list(model.fc2.parameters()), "lr": 0.05}]
+
+
+def _server(optimizer_name, mode, wire=torch.float32, per_worker=False):
+    mpi = load_mpi()
+    model = Net()
+    optimizer = OPTIMIZERS[optimizer_name](_groups(model))
+    reference = copy.deepcopy(model)
+    reference_optimizer = OPTIMIZERS[optimizer_name](_groups(reference))
+    layout = ModelLayout.of(optimizer, model.named_parameters(), model)
+    control = ControlWords(mpi, mpi.COMM_SELF, control_words(WORKERS))
+    nbytes = PushMessage(layout, wire, storage=torch.empty(0, dtype=torch.uint8)).nbytes
+    mailboxes = Mailboxes(mpi, mpi.COMM_SELF, WORKERS, nbytes, layout.numel * 4)
+    channel = ServerChannel(control, mailboxes, WORKERS)
+    comp = Compensation(mode, per_worker_mean_square=per_worker)
+    server = ParameterServer(
+        optimizer, layout, comp, mailboxes, channel, wire, torch.device("cpu"), Telemetry(WORKERS)
+    )
+    return server, model, reference, reference_optimizer, comp
+
+
+def _push(server, worker, seed, lrs):
+    gen = torch.Generator().manual_seed(seed)
+    gradient = torch.randn(server.layout.numel, generator=gen)
+    message = server.messages[worker]
+    message.gradient.copy_(gradient)
+    message.lrs.copy_(torch.tensor(lrs, dtype=torch.float64))
+    return message.gradient.to(torch.float32)  # what the server sees, after any wire cast
+
+
+@pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
+@pytest.mark.parametrize("mode", ["none", "constant", "adaptive"])
+def test_async_updates_match_naive_reference(optimizer_name, mode):
+    server, model, reference, reference_optimizer, comp = _server(optimizer_name, mode)
+    assert server.fused_sgd == (optimizer_name == "sgd")
+    params = list(reference.parameters())
+    flat = lambda: torch.cat([p.detach().reshape(-1) for p in params])  # noqa: E731
+    backups = [flat() for _ in range(WORKERS)]
+    mean_square = torch.zeros_like(backups[0])
+    order = [0, 1, 2, 1, 0, 0, 2, 1]
+    for i, worker in enumerate(order):
+        lrs = [0.1 / (1 + i), 0.05 / (1 + i)]
+        g = _push(server, worker, seed=i, lrs=lrs)
+        server.apply(worker)
+        # the reference: the paper's formula, then the user's optimizer
+        w = flat()
+        if mode == "constant":
+            g = g + 0.04 * g * g * (w - backups[worker])
+        elif mode == "adaptive":
+            mean_square = 0.95 * mean_square + 0.05 * g * g
+            g = g + 2.0 / torch.sqrt(mean_square + 1e-7) * g * g * (w - backups[worker])
+        offset = 0
+        for p in params:
+            p.grad = g[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        for group, lr in zip(reference_optimizer.param_groups, lrs):
+            group["lr"] = lr
+        reference_optimizer.step()
+        backups[worker] = flat()
+        assert torch.allclose(server.weights, backups[worker], atol=1e-6), f"update {i}"
+        assert torch.equal(server.outboxes[worker], server.weights), "outbox holds w_bak(m) = w"
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), "the user's model holds the server's weights"
+    assert server.updates == len(order)
+    assert server.telemetry.pushes == [3, 3, 2]
+
+
+def test_per_worker_mean_square_differs_from_global():
+    results = []
+    for per_worker in (False, True):
+        server, *_ = _server("sgd", "adaptive", per_worker=per_worker)
+        for i, worker in enumerate([0, 1, 0, 2]):
+            _push(server, worker, seed=i, lrs=[0.1, 0.05])
+            server.apply(worker)
+        results.append(server.weights.clone())
+        assert len(server.mean_squares) == (WORKERS if per_worker else 1)
+    assert not torch.allclose(results[0], results[1])
+
+
+def test_fp16_wire_gradient_is_applied_in_float32():
+    server, _, reference, reference_optimizer, _ = _server("sgd", "none", wire=torch.float16)
+    g = _push(server, 1, seed=5, lrs=[0.1, 0.05])
+    before = server.weights.clone()
+    server.apply(1)
+    n1 = sum(p.numel() for p in reference.fc1.parameters())
+    expected = before.clone()
+    expected[:n1] -= 0.1 * g[:n1]
+    expected[n1:] -= 0.05 * g[n1:]
+    assert torch.allclose(server.weights, expected, atol=1e-6)
+
+
+def test_sync_round_averages_and_steps_once():
+    server, _, reference, reference_optimizer, _ = _server("sgd-momentum-wd", "sync")
+    gradients = [_push(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(WORKERS)]
+    server.apply_round(list(range(WORKERS)))
+    mean = torch.stack(gradients).mean(0)
+    offset = 0
+    for p in reference.parameters():
+        p.grad = mean[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    reference_optimizer.step()
+    expected = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
+    assert server.updates == 1
+    assert torch.allclose(server.weights, expected, atol=1e-6)
+    for m in range(WORKERS):
+        assert torch.equal(server.outboxes[m], server.weights)
+
+
+def test_plain_sgd_detection():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert is_plain_sgd(torch.optim.SGD(params, lr=0.1))
+    assert not is_plain_sgd(torch.optim.SGD(params, lr=0.1, momentum=0.9))
+    assert not is_plain_sgd(torch.optim.Adam(params))

@@ -7,6 +7,7 @@ model from its own seed: the workers must start from the server's weights.
 """
 
 import argparse
+import atexit
 import json
 import os
 
@@ -72,6 +73,8 @@ def main():
     world_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
     torch.manual_seed(1000 + world_rank)
     model = Model(DIM_B + 1 if args.bad == "shape" and world_rank == 2 else DIM_B)
+    if hvd.is_server() and args.out:  # the server exits inside DistributedOptimizer
+        atexit.register(lambda: torch.save(model.state_dict(), os.path.join(args.out, "server.pt")))
     mode = "constant" if args.bad == "mode" and world_rank == 1 else args.compensation
     optimizer = hvd.DistributedOptimizer(
         make_optimizer(model, args),

@@ -1,0 +1,127 @@
+"""Lifecycle under the real mpirun: sync = sequential SGD, final weights on
+every rank, uneven workers, one-process runs, and bad launches failing fast."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import PROGRAMS, mpirun, python, run
+
+sys.path.insert(0, str(PROGRAMS))
+import synthetic  # noqa: E402
+
+WORKERS, STEPS = 3, 8
+
+
+def test_sync_equals_sequential_sgd_on_concatenated_batches(tmp_path):
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--compensation", "sync", "--steps", STEPS,
+                    "--momentum", "0.9", "--out", tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert f"{STEPS} updates" in result.stdout
+    args = synthetic.parse_args(["--momentum", "0.9"])
+    torch.manual_seed(1000)
+    model = synthetic.Model()
+    optimizer = synthetic.make_optimizer(model, args)
+    for k in range(STEPS):
+        batches = [synthetic.batch(m, k) for m in range(WORKERS)]
+        xa, xb, y = (torch.cat(parts) for parts in zip(*batches))
+        optimizer.zero_grad()
+        synthetic.loss_on(model, xa, xb, y).backward()
+        optimizer.step()
+    for m in range(WORKERS):
+        final = torch.load(tmp_path / f"worker{m}.pt")
+        assert torch.allclose(final["a"], model.a.detach(), atol=1e-5)
+        assert torch.allclose(final["b"], model.b.detach(), atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["adaptive", "sync"])
+def test_uneven_workers_finish_and_every_rank_holds_the_final_weights(tmp_path, mode):
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--compensation", mode, "--steps", 4, "--uneven",
+                    "--out", tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout
+    for m in range(WORKERS):
+        assert f"worker {m} done: {4 * (m + 1)} steps" in result.stdout
+    server = torch.load(tmp_path / "server.pt")
+    for m in range(WORKERS):
+        final = torch.load(tmp_path / f"worker{m}.pt")
+        for name in ("a", "b", "running"):
+            assert torch.equal(final[name], server[name]), (m, name)
+    # floating-point buffers are averaged over the workers: worker m filled its buffer with m
+    assert torch.allclose(server["running"], torch.full((4,), (WORKERS - 1) / 2))
+    if mode == "sync":  # rounds shrink as workers leave: 4 rounds of 3, 4 of 2, 4 of 1
+        assert "12 updates" in result.stdout
+
+
+def test_fp16_compression_trains(tmp_path):
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--fp16", "--steps", STEPS, "--out", tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert f"{WORKERS * STEPS} updates" in result.stdout
+
+
+def test_one_process_trains_locally_with_a_warning(tmp_path):
+    result = python(PROGRAMS / "synthetic.py", "--steps", 3, "--out", tmp_path)
+    assert result.returncode == 0, result.stdout
+    warnings = [line for line in result.stdout.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "mpirun -np 5" in warnings[0], result.stdout
+    assert "worker 0 done: 3 steps" in result.stdout
+    # local training is plain sequential SGD
+    args = synthetic.parse_args([])
+    torch.manual_seed(1000)
+    model = synthetic.Model()
+    optimizer = synthetic.make_optimizer(model, args)
+    for k in range(3):
+        optimizer.zero_grad()
+        synthetic.loss_on(model, *synthetic.batch(0, k)).backward()
+        optimizer.step()
+    assert torch.allclose(torch.load(tmp_path / "worker0.pt")["a"], model.a.detach())
+
+
+def test_mpirun_np_1_trains_locally_with_a_warning(tmp_path):
+    result = mpirun(1, PROGRAMS / "synthetic.py", "--steps", 2)
+    assert result.returncode == 0, result.stdout
+    assert "trains locally as sequential SGD" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("shape", "worker 1's model does not match the server's: its parameter 'b' is [17] float32, "
+                  "the server's 'b' is [16] float32"),
+        ("mode", "the server runs compensation 'adaptive' but worker 0 asks for 'constant'"),
+    ],
+)
+def test_bad_launch_fails_fast_on_every_rank(bad, message):
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", bad, timeout=60)
+    assert result.returncode != 0
+    assert result.stdout.count(message) == WORKERS + 1, result.stdout
+
+
+def test_nan_gradient_is_refused_and_aborts_the_job():
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "nan", timeout=60)
+    assert result.returncode != 0
+    assert "worker 1: the gradient of 'b' holds NaN or Inf at push 3; nothing was pushed" in result.stdout
+
+
+def test_nan_gradient_caught_by_the_script_loses_nothing(tmp_path):
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "nan-skip", "--steps", STEPS, "--out", tmp_path)
+    assert result.returncode == 0, result.stdout
+    assert f"{WORKERS * STEPS - 1} updates" in result.stdout
+    assert "worker 1 done: 8 steps, 1 skipped" in result.stdout
+    assert torch.isfinite(torch.load(tmp_path / "server.pt")["b"]).all()
+
+
+BLOCK_MPI = "import sys; sys.modules['mpi4py'] = None; import hvd_dcasgd as hvd; hvd.init(); print('size', hvd.size())"
+
+
+def test_missing_mpi_one_process_warns_and_trains_locally():
+    result = run([sys.executable, "-c", BLOCK_MPI])
+    assert result.returncode == 0, result.stdout
+    assert "MPI is not available" in result.stdout and "size 1" in result.stdout
+
+
+def test_missing_mpi_under_a_launcher_is_a_clear_error():
+    result = run([sys.executable, "-c", BLOCK_MPI], env={"OMPI_COMM_WORLD_SIZE": "3"})
+    assert result.returncode != 0
+    assert "hvd_dcasgd needs mpi4py, which is not installed" in result.stdout

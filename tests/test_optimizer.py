@@ -1,0 +1,78 @@
+"""The wrapper's Horovod shape, in one process (local training)."""
+
+import pytest
+import torch
+
+import hvd_dcasgd as hvd
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_runtime():
+    hvd.init()
+    assert hvd.size() == 1 and hvd.rank() == 0 and not hvd.is_server()
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 2)
+
+
+def test_keeps_the_users_optimizer_class_and_hyperparameters():
+    model = _model()
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(), compensation="constant")
+    assert isinstance(opt, torch.optim.SGD) and type(opt).__name__ == "SGD"
+    assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["nesterov"]
+    assert opt.compensation.mode == "constant" and opt.compensation.lambda_0 == 0.04
+    assert hasattr(opt, "synchronize") and hasattr(opt, "skip_synchronize")
+
+
+def test_local_step_is_the_plain_optimizer_step():
+    model, reference = _model(), _model()
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01))
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=0.01)
+    x = torch.randn(8, 4)
+    for _ in range(3):
+        for m, o in ((model, opt), (reference, ref_opt)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    assert torch.allclose(model.weight, reference.weight)
+
+
+def test_backward_passes_per_step_is_enforced():
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=2)
+    x = torch.randn(8, 4)
+    model(x).sum().backward()
+    model(x).sum().backward()  # two passes accumulate: allowed
+    opt.step()
+    model(x).sum().backward()
+    model(x).sum().backward()
+    with pytest.raises(hvd.HvdDcasgdError, match="more than backward_passes_per_step=2"):
+        model(x).sum().backward()
+
+
+def test_environment_overrides_the_script(monkeypatch):
+    monkeypatch.setenv("HVD_DCASGD_COMPENSATION", "none")
+    monkeypatch.setenv("HVD_DCASGD_LAMBDA", "0.5")
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compensation="adaptive")
+    assert opt.compensation.mode == "none" and opt.compensation.lambda_0 == 0.5
+    monkeypatch.setenv("HVD_DCASGD_COMPENSATION", "fast")
+    with pytest.raises(ValueError, match="unknown compensation 'fast'"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_named_parameters_must_name_every_trained_parameter():
+    model, other = _model(), _model()
+    with pytest.raises(hvd.HvdDcasgdError, match="named_parameters does not name 2"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=other.named_parameters())
+
+
+def test_metric_helpers_work_locally():
+    assert hvd.allreduce(torch.tensor(3.0)).item() == 3.0
+    model = _model()
+    before = model.weight.detach().clone()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    assert torch.equal(model.weight, before)

@@ -201,34 +201,33 @@ def _fused_dcasgd(
     """Chunked single pass: every chunk's temporaries live in cache, so memory
     sees each operand once (read g, w, w_bak; write w, w_bak or g)."""
     for i, (grad, weight, backup) in enumerate(zip(grads, weights, backups)):
-        g_all, w_all, b_all = grad.reshape(-1), weight.view(-1), backup.view(-1)
+        g_all, w_all, b_all = grad.view(-1), weight.view(-1), backup.view(-1)
         ms_all = None if mean_squares is None else mean_squares[i].view(-1)
         numel = w_all.numel()
         chunk = min(FUSED_CHUNK, numel)
-        scratch = torch.empty(2 * chunk, dtype=w_all.dtype, device=w_all.device)
+        scratch = torch.empty(3 * chunk, dtype=w_all.dtype, device=w_all.device)
         for start in range(0, numel, chunk):
             end = min(start + chunk, numel)
             n = end - start
             w, w_bak = w_all[start:end], b_all[start:end]
             g = g_all[start:end]
-            if g.dtype != w.dtype:
-                g = scratch[chunk : chunk + n].copy_(g)
+            cast = g.dtype != w.dtype
+            if cast:
+                g = scratch[2 * chunk : 2 * chunk + n].copy_(g)
             if lr is not None and lambda_0 == 0.0 and ms_all is None:
                 w.add_(g, alpha=-lr)  # plain ASGD: nothing to compensate
                 w_bak.copy_(w)
                 continue
-            correction = scratch[:n]
-            torch.sub(w, w_bak, out=correction)
-            correction.mul_(g).mul_(g)
+            correction = torch.sub(w, w_bak, out=scratch[:n]).mul_(g).mul_(g)  # g * g * (w - w_bak)
+            # without lr: g += lambda_t * correction; with lr: w -= lr * (g + lambda_t * correction)
+            target, scale = (g, lambda_0) if lr is None else (w.add_(g, alpha=-lr), -lr * lambda_0)
             if ms_all is None:
-                correction.mul_(lambda_0)
-            else:
+                target.add_(correction, alpha=scale)
+            else:  # lambda_t = lambda_0 / sqrt(MeanSquare + eps)
                 ms = ms_all[start:end]
                 ms.mul_(mean_square_momentum).addcmul_(g, g, value=1 - mean_square_momentum)
-                correction.div_(torch.add(ms, eps).sqrt_()).mul_(lambda_0)
-            correction.add_(g)
-            if lr is None:
-                g_all[start:end].copy_(correction)
-            else:
-                w.add_(correction, alpha=-lr)
+                target.addcdiv_(correction, torch.add(ms, eps, out=scratch[chunk : chunk + n]).sqrt_(), value=scale)
+            if lr is not None:
                 w_bak.copy_(w)
+            elif cast:
+                g_all[start:end].copy_(g)

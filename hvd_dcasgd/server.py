@@ -83,19 +83,14 @@ class ParameterServer:
         self.group_ranges = layout.group_ranges()
 
     # --- one update -----------------------------------------------------
-    def _gradient(self, worker: int, out: Optional[torch.Tensor]) -> torch.Tensor:
-        """Worker's pushed gradient on the server device, in the model dtype.
-
-        Zero-copy (a view of the inbox) when ``out`` is None and the gradient
-        already is in the model dtype on the CPU."""
+    def _wire_gradient(self, worker: int) -> torch.Tensor:
+        """Worker's pushed gradient, as sent (wire dtype), on the server device:
+        a view of the inbox on the CPU, a staged copy on a GPU."""
         wire = self.messages[worker].gradient
-        if self.staging is not None:
-            self.staging.upload(wire, self.wire_gradient)
-            wire = self.wire_gradient
-        if out is None and wire.dtype == self.weights.dtype and wire.device == self.weights.device:
+        if self.staging is None:
             return wire
-        out = self.grad if out is None else out
-        return out.copy_(wire)
+        self.staging.upload(wire, self.wire_gradient)
+        return self.wire_gradient
 
     def _mean_square(self, worker: int) -> Optional[List[torch.Tensor]]:
         if not self.compensation.adaptive:
@@ -147,18 +142,23 @@ class ParameterServer:
     def apply(self, worker: int) -> None:
         """Apply worker's pending push as one server update (ASGD / DC-ASGD)."""
         self.telemetry.record(self.updates, worker, self.updates - self.sent_at[worker])
-        gradient = self._gradient(worker, None if self.fused_sgd else self.grad)
+        gradient = self._wire_gradient(worker)
+        if not self.fused_sgd or gradient.dtype != self.weights.dtype:
+            gradient = self.grad.copy_(gradient)
         self._step(gradient, worker, self.messages[worker].lrs.tolist())
         self.updates += 1
         self._send(worker)
 
     def apply_round(self, workers: Sequence[int]) -> None:
         """Average one push from each of ``workers`` into one update (SSGD)."""
-        total = torch.zeros_like(self.grad)
-        for m in workers:
+        for i, m in enumerate(workers):
             self.telemetry.record(self.updates, m, self.updates - self.sent_at[m])
-            total.add_(self._gradient(m, self.grad))
-        self.grad.copy_(total.div_(len(workers)))
+            gradient = self._wire_gradient(m)
+            if i == 0:
+                self.grad.copy_(gradient)
+            else:
+                self.grad.add_(gradient)
+        self.grad.div_(len(workers))
         first = workers[0]
         self._step(self.grad, first, self.messages[first].lrs.tolist())
         self.updates += 1

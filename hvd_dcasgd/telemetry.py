@@ -22,11 +22,15 @@ class Telemetry:
         self.pushes: List[int] = [0] * num_workers
         self.staleness = Counter()
         self.updates = 0
-        self.started = time.perf_counter()
+        self.first: Optional[float] = None  # when the first gradient was applied
+        self.last = 0.0
         self._trace: Optional[IO[str]] = open(trace_path, "w") if trace_path else None
 
     def record(self, update: int, worker: int, staleness: int) -> None:
         """Note that ``worker``'s next push went into server update ``update``."""
+        self.last = time.perf_counter()
+        if self.first is None:
+            self.first = self.last
         step = self.pushes[worker]
         self.pushes[worker] += 1
         self.staleness[staleness] += 1
@@ -41,7 +45,7 @@ class Telemetry:
 
     def summary(self) -> str:
         """A few lines for the end of a run."""
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        elapsed = max(self.last - (self.first or 0.0), 1e-9)
         total = sum(self.staleness.values())
         mean = sum(s * n for s, n in self.staleness.items()) / total if total else 0.0
         worst = max(self.staleness) if self.staleness else 0

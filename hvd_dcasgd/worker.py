@@ -2,8 +2,9 @@
 
 Gradients are packed into one contiguous message (learning rates, then the
 gradient in the wire dtype): one Put.  The server's answer, its new weights,
-arrives in one host buffer: one Get.  The model's parameters are then loaded
-from it, so the next forward pass runs on the server's weights.
+arrives in one host buffer: one Get.  CPU parameters are views of that buffer,
+so the next forward pass runs on the server's weights with no copy; others
+(a worker's GPU) are loaded from it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,13 @@ import torch
 from .channel import WorkerChannel
 from .errors import HvdDcasgdError
 from .layout import ModelLayout, PushMessage, byte_view, flatten_into
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """True when ``t`` holds no NaN or Inf.  A sum is a fast test (NaN and Inf
+    propagate); only when it is not finite -- a NaN, an Inf, or a sum that
+    merely overflowed -- is every element checked."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 class Worker:
@@ -37,6 +45,13 @@ class Worker:
         self.gradient_views = layout.views(self.message.gradient)
         self.weights = torch.empty(layout.numel, dtype=layout.dtype)
         self.weight_views = layout.views(self.weights)
+        # CPU parameters become views of the receive buffer: the server's
+        # weights then land in the model directly, with no copy.
+        self.aliased = all(p.device.type == "cpu" for p in self.params)
+        if self.aliased:
+            for p, view in zip(self.params, self.weight_views):
+                view.copy_(p.detach())
+                p.data = view
         self._message_bytes = self.message.bytes.numpy()
         self._weight_bytes = byte_view(self.weights)
 
@@ -44,7 +59,7 @@ class Worker:
         """Copy gradients (zeros where a parameter has none) and learning rates
         into the message; refuse non-finite gradients before anything is sent."""
         flatten_into(self.message.gradient, self.gradient_views, [p.grad for p in self.params])
-        if self.check_finite and not bool(torch.isfinite(self.message.gradient).all()):
+        if self.check_finite and not _all_finite(self.message.gradient):
             name = next(
                 spec.name
                 for spec, view in zip(self.layout.params, self.gradient_views)
@@ -61,6 +76,8 @@ class Worker:
 
     def load_weights(self) -> None:
         """Copy the weights last received into the model's parameters."""
+        if self.aliased:
+            return
         with torch.no_grad():
             for p, view in zip(self.params, self.weight_views):
                 p.copy_(view)

@@ -45,14 +45,15 @@ def launch(args) -> None:
         cmd = ["mpirun", *root, "--oversubscribe", "-np", str(args.workers + 1), sys.executable, __file__,
                "--run", mode, "--numel", str(args.numel), "--steps", str(args.steps)]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        found = re.search(r"\(([\d.]+) updates/s\)", out.stdout + out.stderr)
+        found = re.search(r"\(([\d.]+) updates/s\), \d+ gradients \(([\d.]+) gradients/s\)", out.stdout + out.stderr)
         if out.returncode != 0 or not found:
             sys.exit(f"{mode} failed:\n{out.stdout}{out.stderr}")
-        rates[mode] = float(found.group(1))
+        rates[mode] = (float(found.group(1)), float(found.group(2)))
     print(f"end to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, "
           f"{args.steps} pushes per worker, {os.cpu_count()} cores")
-    for mode, rate in rates.items():
-        print(f"  {mode:9s} {rate:8.1f} updates/s   ratio to none {rate / rates['none']:4.2f}")
+    for mode, (updates, gradients) in rates.items():
+        print(f"  {mode:9s} {updates:8.1f} updates/s  {gradients:8.1f} gradients/s  "
+              f"ratio to none (updates) {updates / rates['none'][0]:4.2f}")
 
 
 def main() -> None:

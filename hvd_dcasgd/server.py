@@ -47,7 +47,11 @@ class ParameterServer:
         wire_dtype: torch.dtype,
         device: torch.device,
         telemetry: Telemetry,
+        staged: Optional[bool] = None,
     ):
+        """``staged`` keeps the model and the backups on ``device`` and moves
+        messages through bounce buffers; the default, and the only way on a
+        GPU, is to stage exactly when ``device`` is not the CPU."""
         self.optimizer = optimizer
         self.layout = layout
         self.compensation = compensation
@@ -64,7 +68,7 @@ class ParameterServer:
             p.grad = grad
         self.messages = [PushMessage(layout, wire_dtype, mailboxes.inbox(m)) for m in range(num_workers)]
         self.outboxes = [mailboxes.outbox(m).view(layout.dtype) for m in range(num_workers)]
-        if device.type == "cuda":
+        if staged if staged is not None else device.type != "cpu":
             self.staging: Optional[Staging] = Staging(layout.numel, wire_dtype, layout.dtype, device)
             self.backups = [self.weights.clone() for _ in range(num_workers)]
             self.wire_gradient = torch.empty(layout.numel, dtype=wire_dtype, device=device)

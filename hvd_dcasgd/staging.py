@@ -1,8 +1,10 @@
-"""Moving tensors between MPI window memory (host) and a CUDA server device.
+"""Moving tensors between MPI window memory (host) and the server's device.
 
 Open MPI 4.1 cannot expose GPU memory as window memory, so a CUDA server keeps
 its model on the GPU and stages every message through page-locked buffers.
 Copies go in chunks: the host copy of chunk i+1 overlaps the DMA of chunk i.
+On a CPU device the same code runs with plain synchronous copies, which is how
+the staged path is tested on machines without a GPU.
 """
 
 from __future__ import annotations
@@ -19,16 +21,27 @@ def _chunks(numel: int) -> List[slice]:
     return [slice(s, min(s + step, numel)) for s in range(0, numel, step)]
 
 
+class _NoEvent:
+    """Stands in for ``torch.cuda.Event`` on the CPU, where copies are synchronous."""
+
+    def record(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 class Staging:
     """Page-locked bounce buffers between window memory and ``device``."""
 
     def __init__(self, numel: int, upload_dtype: torch.dtype, download_dtype: torch.dtype, device: torch.device):
-        self.device = device
-        self.upload_buffer = torch.empty(numel, dtype=upload_dtype, pin_memory=True)
-        self.download_buffer = torch.empty(numel, dtype=download_dtype, pin_memory=True)
+        cuda = device.type == "cuda"
+        self.upload_buffer = torch.empty(numel, dtype=upload_dtype, pin_memory=cuda)
+        self.download_buffer = torch.empty(numel, dtype=download_dtype, pin_memory=cuda)
         self.parts = _chunks(numel)
-        self.uploaded = [torch.cuda.Event() for _ in self.parts]
-        self.downloaded = [torch.cuda.Event() for _ in self.parts]
+        event = torch.cuda.Event if cuda else _NoEvent
+        self.uploaded = [event() for _ in self.parts]
+        self.downloaded = [event() for _ in self.parts]
 
     def upload(self, host: torch.Tensor, device_out: torch.Tensor) -> None:
         """``device_out <- host``; later work on the current stream sees it."""

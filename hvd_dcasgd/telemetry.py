@@ -53,7 +53,7 @@ class Telemetry:
         rates = " ".join(f"w{m}={n / elapsed:.1f}/s" for m, n in enumerate(self.pushes))
         return (
             f"hvd_dcasgd server: {self.updates} updates in {elapsed:.1f} s ({self.updates / elapsed:.1f} updates/s), "
-            f"{total} gradients\n"
+            f"{total} gradients ({total / elapsed:.1f} gradients/s)\n"
             f"hvd_dcasgd server: staleness mean {mean:.2f} max {worst}; histogram {histogram or '-'}\n"
             f"hvd_dcasgd server: pushes per worker {self.pushes}; throughput {rates}"
         )

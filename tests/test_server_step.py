@@ -38,7 +38,7 @@ def _groups(model):
     return [{"params": list(model.fc1.parameters())}, {"params": list(model.fc2.parameters()), "lr": 0.05}]
 
 
-def _server(optimizer_name, mode, wire=torch.float32, per_worker=False):
+def _server(optimizer_name, mode, wire=torch.float32, per_worker=False, staged=False):
     mpi = load_mpi()
     model = Net()
     optimizer = OPTIMIZERS[optimizer_name](_groups(model))
@@ -51,7 +51,7 @@ def _server(optimizer_name, mode, wire=torch.float32, per_worker=False):
     channel = ServerChannel(control, mailboxes, WORKERS)
     comp = Compensation(mode, per_worker_mean_square=per_worker)
     server = ParameterServer(
-        optimizer, layout, comp, mailboxes, channel, wire, torch.device("cpu"), Telemetry(WORKERS)
+        optimizer, layout, comp, mailboxes, channel, wire, torch.device("cpu"), Telemetry(WORKERS), staged=staged
     )
     return server, model, reference, reference_optimizer, comp
 
@@ -65,10 +65,14 @@ def _push(server, worker, seed, lrs):
     return message.gradient.to(torch.float32)  # what the server sees, after any wire cast
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["window-backups", "staged-device-path"])
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
 @pytest.mark.parametrize("mode", ["none", "constant", "adaptive"])
-def test_async_updates_match_naive_reference(optimizer_name, mode):
-    server, model, reference, reference_optimizer, comp = _server(optimizer_name, mode)
+def test_async_updates_match_naive_reference(optimizer_name, mode, staged):
+    """``staged`` runs the GPU server's code path (model and backups on the
+    device, messages through bounce buffers) with the CPU as the device."""
+    server, model, reference, reference_optimizer, comp = _server(optimizer_name, mode, staged=staged)
+    assert (server.staging is not None) == staged
     assert server.fused_sgd == (optimizer_name == "sgd")
     params = list(reference.parameters())
     flat = lambda: torch.cat([p.detach().reshape(-1) for p in params])  # noqa: E731
@@ -114,8 +118,9 @@ def test_per_worker_mean_square_differs_from_global():
     assert not torch.allclose(results[0], results[1])
 
 
-def test_fp16_wire_gradient_is_applied_in_float32():
-    server, _, reference, reference_optimizer, _ = _server("sgd", "none", wire=torch.float16)
+@pytest.mark.parametrize("staged", [False, True], ids=["window-backups", "staged-device-path"])
+def test_fp16_wire_gradient_is_applied_in_float32(staged):
+    server, _, reference, reference_optimizer, _ = _server("sgd", "none", wire=torch.float16, staged=staged)
     g = _push(server, 1, seed=5, lrs=[0.1, 0.05])
     before = server.weights.clone()
     server.apply(1)
@@ -126,8 +131,9 @@ def test_fp16_wire_gradient_is_applied_in_float32():
     assert torch.allclose(server.weights, expected, atol=1e-6)
 
 
-def test_sync_round_averages_and_steps_once():
-    server, _, reference, reference_optimizer, _ = _server("sgd-momentum-wd", "sync")
+@pytest.mark.parametrize("staged", [False, True], ids=["window-backups", "staged-device-path"])
+def test_sync_round_averages_and_steps_once(staged):
+    server, _, reference, reference_optimizer, _ = _server("sgd-momentum-wd", "sync", staged=staged)
     gradients = [_push(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(WORKERS)]
     server.apply_round(list(range(WORKERS)))
     mean = torch.stack(gradients).mean(0)

@@ -1,7 +1,7 @@
 """Lifecycle under the real mpirun: sync = sequential SGD, final weights on
 every rank, uneven workers, one-process runs, and bad launches failing fast."""
 
-import subprocess
+import json
 import sys
 
 import pytest
@@ -125,3 +125,36 @@ def test_missing_mpi_under_a_launcher_is_a_clear_error():
     result = run([sys.executable, "-c", BLOCK_MPI], env={"OMPI_COMM_WORLD_SIZE": "3"})
     assert result.returncode != 0
     assert "hvd_dcasgd needs mpi4py, which is not installed" in result.stdout
+
+
+def test_horovod_helpers_work_among_the_workers():
+    result = mpirun(WORKERS + 1, PROGRAMS / "collectives.py", timeout=60)
+    assert result.returncode == 0, result.stdout
+    rows = sorted((json.loads(line[7:]) for line in result.stdout.splitlines() if line.startswith("RESULT ")),
+                  key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == list(range(WORKERS)), "only the workers run the loop"
+    for r in rows:
+        assert r["size"] == WORKERS
+        assert r["average"] == pytest.approx((WORKERS - 1) / 2)
+        assert r["sum"] == [WORKERS * (WORKERS - 1) // 2, WORKERS]
+        assert r["object"] == {"from": 1}
+        assert r["weight"] == pytest.approx(rows[1]["weight"])
+        assert r["marker"] == 1.0
+
+
+def test_one_worker_is_sequential_sgd_in_every_mode(tmp_path):
+    args = synthetic.parse_args(["--momentum", "0.9"])
+    torch.manual_seed(1000)
+    model = synthetic.Model()
+    optimizer = synthetic.make_optimizer(model, args)
+    for k in range(STEPS):
+        optimizer.zero_grad()
+        synthetic.loss_on(model, *synthetic.batch(0, k)).backward()
+        optimizer.step()
+    for mode in ("adaptive", "constant", "none", "sync"):
+        out = tmp_path / mode
+        out.mkdir()
+        result = mpirun(2, PROGRAMS / "synthetic.py", "--compensation", mode, "--steps", STEPS,
+                        "--momentum", "0.9", "--out", out)
+        assert result.returncode == 0, result.stdout
+        assert torch.allclose(torch.load(out / "worker0.pt")["a"], model.a.detach(), atol=1e-6), mode

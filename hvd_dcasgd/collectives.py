@@ -2,9 +2,10 @@
 
 ``allreduce`` averages metrics over the workers; ``broadcast_parameters`` and
 ``broadcast_optimizer_state`` copy worker ``root_rank``'s values to the other
-workers.  Training itself needs neither broadcast -- every worker starts from
-the server's weights -- but scripts written for Horovod call them, and they
-keep working.  On the server and when training locally they do nothing.
+workers.  Every worker starts from the server's weights anyway; called after
+``DistributedOptimizer`` the broadcasts also reach the server, so that
+Horovod's checkpoint-restore idiom works.  On the server and when training
+locally they do nothing.
 """
 
 from __future__ import annotations
@@ -48,11 +49,22 @@ def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optio
 def broadcast_parameters(
     params: Union[Dict[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]], root_rank: int = 0
 ) -> None:
-    """Copy worker ``root_rank``'s tensors into every worker's, in place."""
+    """Copy worker ``root_rank``'s tensors into every worker's, in place.
+
+    While training (after ``DistributedOptimizer``), the server takes them
+    too -- Horovod's restore idiom: load a checkpoint on one worker, then
+    broadcast -- and tensors of the state dict that the optimizer does not
+    train (BatchNorm statistics) are combined over the workers at the end.
+    """
     comm = _worker_comm()
     if comm is None:
         return
     items = sorted(params.items()) if isinstance(params, dict) else list(params)
+    session = runtime().session
+    if session is not None:
+        if comm.Get_rank() == root_rank:
+            session.requests.ask({"parameters": {name: t.detach().cpu() for name, t in items}})
+        session.register_buffers([t for _, t in items])
     for _, tensor in items:
         host = tensor.detach().to("cpu", copy=True).contiguous()
         comm.Bcast(byte_view(host), root=root_rank)
@@ -67,9 +79,13 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
-    """Load worker ``root_rank``'s optimizer state on every worker."""
+    """Load worker ``root_rank``'s optimizer state on every worker and, while
+    training, on the server, whose optimizer is the one that steps."""
     comm = _worker_comm()
     if comm is None:
         return
-    state = broadcast_object(optimizer.state_dict(), root_rank)
-    optimizer.load_state_dict(state)
+    state = optimizer.state_dict()
+    session = runtime().session
+    if session is not None and comm.Get_rank() == root_rank:
+        session.requests.ask({"optimizer_state": state})
+    optimizer.load_state_dict(broadcast_object(state, root_rank))

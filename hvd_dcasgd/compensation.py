@@ -204,6 +204,8 @@ def _fused_dcasgd(
         g_all, w_all, b_all = grad.view(-1), weight.view(-1), backup.view(-1)
         ms_all = None if mean_squares is None else mean_squares[i].view(-1)
         numel = w_all.numel()
+        if numel == 0:
+            continue
         chunk = min(FUSED_CHUNK, numel)
         scratch = torch.empty(3 * chunk, dtype=w_all.dtype, device=w_all.device)
         for start in range(0, numel, chunk):

@@ -37,8 +37,16 @@ def _spec(name: str, t: torch.Tensor) -> TensorSpec:
     return TensorSpec(name, tuple(t.shape), str(t.dtype).replace("torch.", ""))
 
 
+def untrained_state(model: torch.nn.Module, trained: Sequence[torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """The entries of ``model``'s state the optimizer does not train: buffers
+    (BatchNorm statistics) and frozen parameters, by name."""
+    trained_ids = {id(p) for p in trained}
+    return {n: t for n, t in model.state_dict(keep_vars=True).items() if id(t) not in trained_ids}
+
+
 class ModelLayout:
-    """Names, shapes and dtypes of the trained parameters and the buffers."""
+    """Names, shapes and dtypes of the trained parameters and of the rest of
+    the model's state ("buffers": true buffers and frozen parameters)."""
 
     def __init__(self, params: List[TensorSpec], group_sizes: List[int], buffers: List[TensorSpec]):
         self.params = params
@@ -65,7 +73,7 @@ class ModelLayout:
         model: Optional[torch.nn.Module] = None,
     ) -> "ModelLayout":
         """Describe what ``optimizer`` trains (names from ``named_parameters``
-        or ``model``) and ``model``'s buffers."""
+        or ``model``) and the rest of ``model``'s state."""
         if named_parameters is None and model is not None:
             named_parameters = model.named_parameters()
         names: Dict[int, str] = {}
@@ -84,7 +92,8 @@ class ModelLayout:
                     f"hvd_dcasgd: named_parameters does not name {len(missing)} of the optimizer's parameters "
                     f"(first: {missing[0]}); pass model.named_parameters() of the model the optimizer trains"
                 )
-        buffers = [_spec(n, b) for n, b in model.named_buffers()] if model is not None else []
+        trained = [p for group in optimizer.param_groups for p in group["params"]]
+        buffers = [_spec(n, t) for n, t in untrained_state(model, trained).items()] if model is not None else []
         return cls(params, group_sizes, buffers)
 
     def group_ranges(self) -> List[Tuple[int, int]]:

@@ -29,8 +29,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self.backward_passes_per_step = backward_passes_per_step
         self._session = None
-        self._synchronized = False
-        self._should_synchronize = True
         self._passes = {}
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._count_pass)
@@ -50,35 +48,36 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._passes[p] = count
 
     def synchronize(self) -> None:
-        """Push the accumulated gradients and load the server's new weights."""
+        """Close the gradient-accumulation window.
+
+        In Horovod this waits for the allreduce so that gradients can be
+        clipped or unscaled before ``step()``.  Here gradients stay on the
+        worker until ``step()`` pushes them, so there is nothing to wait for:
+        whatever ``p.grad`` holds when ``step()`` runs is what the server gets.
+        """
         self._passes.clear()
-        if self._session is not None:
-            self._session.worker.exchange()
-        self._synchronized = True
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
-        """Inside this block ``step()`` does not exchange again after an
-        explicit ``synchronize()``."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
+        """Horovod's idiom ``synchronize(); clip; with skip_synchronize():
+        step()`` works unchanged: ``step()`` always pushes the current
+        gradients exactly once."""
+        yield
 
     def step(self, closure=None):
-        """Exchange with the server (the server steps); locally, a plain step."""
+        """Push the gradients and load the server's new weights (the server
+        steps); when training locally, a plain step."""
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._passes.clear()
         if self._session is None:
-            self._passes.clear()
             super(self.__class__, self).step()
-            return loss
-        if self._should_synchronize and not self._synchronized:
-            self.synchronize()
-        self._synchronized = False
+        elif self._session.finished:
+            raise HvdDcasgdError("hvd_dcasgd: training has ended (hvd.shutdown() ran); this optimizer can no longer step")
+        else:
+            self._session.worker.exchange()
         return loss
 
 

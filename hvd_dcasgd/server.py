@@ -13,7 +13,7 @@ mode it waits for one push from every active worker, averages, and steps once.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -48,8 +48,10 @@ class ParameterServer:
         device: torch.device,
         telemetry: Telemetry,
         staged: Optional[bool] = None,
+        extras: Optional[Dict[str, torch.Tensor]] = None,
     ):
-        """``staged`` keeps the model and the backups on ``device`` and moves
+        """``extras`` is the rest of the model's state by name (buffers, frozen
+        parameters), which a restore from a worker may set.  ``staged`` keeps the model and the backups on ``device`` and moves
         messages through bounce buffers; the default, and the only way on a
         GPU, is to stage exactly when ``device`` is not the CPU."""
         self.optimizer = optimizer
@@ -85,6 +87,8 @@ class ParameterServer:
             self.mean_squares = [torch.zeros_like(self.weights) for _ in range(count)]
         self.fused_sgd = is_plain_sgd(optimizer)
         self.group_ranges = layout.group_ranges()
+        self.named_state = {spec.name: view for spec, view in zip(layout.params, layout.views(self.weights))}
+        self.named_state.update(extras or {})
 
     # --- one update -----------------------------------------------------
     def _wire_gradient(self, worker: int) -> torch.Tensor:
@@ -171,12 +175,28 @@ class ParameterServer:
                 self.backups[m].copy_(self.weights)
             self._send(m)
 
+    def set_state(self, named: Dict[str, torch.Tensor]) -> int:
+        """Overwrite weights and buffers by name (a checkpoint restored on a
+        worker); every worker is about to hold them, so they become every
+        backup.  Returns how many names matched."""
+        matched = [name for name in named if name in self.named_state]
+        with torch.no_grad():
+            for name in matched:
+                self.named_state[name].copy_(named[name])
+        if matched:
+            for m in range(self.channel.num_workers):
+                self.backups[m].copy_(self.weights)
+                self._send(m)
+        return len(matched)
+
     # --- the loop ---------------------------------------------------------
-    def serve(self) -> None:
-        """Answer pushes until every worker has left, then close the session."""
+    def serve(self, between_polls: Callable[[], None] = lambda: None) -> None:
+        """Answer pushes until every worker has left, then close the session.
+        ``between_polls`` runs on every turn of the loop (control requests)."""
         synchronous = self.compensation.mode == "sync"
-        backoff = Backoff()
+        backoff = Backoff(max_sleep=1e-4)
         while True:
+            between_polls()
             ready, left = self.channel.poll()
             if synchronous:
                 active = [m for m in range(self.channel.num_workers) if not left[m]]

@@ -2,10 +2,11 @@
 
 Start: every rank describes its model and settings; the server checks that
 they agree (a mismatch is an error on every rank, never a hang), opens the
-windows and broadcasts its initial weights and buffers.  End: buffers
-(BatchNorm statistics) are combined over the workers -- floating-point ones
-averaged, integer counters summed -- and the server's final weights are
-broadcast, so a model saved on any rank evaluates alike.
+windows and broadcasts its initial weights and the rest of the model's state
+(buffers, frozen parameters).  End: buffers that differ between workers
+(BatchNorm statistics) are combined -- floating-point ones averaged, integer
+counters summed -- and shared with the server, and the server's final weights
+are broadcast, so a model saved on any rank evaluates alike.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from .channel import ServerChannel, WorkerChannel, control_words
 from .compensation import Compensation
 from .errors import HvdDcasgdError
-from .layout import ModelLayout, PushMessage, byte_view
+from .layout import ModelLayout, PushMessage, byte_view, untrained_state
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
 from .telemetry import Telemetry
@@ -73,43 +74,88 @@ def _open_windows(rt: Runtime, layout: ModelLayout, wire_dtype: torch.dtype):
     return control, mailboxes
 
 
-def _buffers(model: Optional[torch.nn.Module]) -> List[torch.Tensor]:
-    return [b for _, b in model.named_buffers()] if model is not None else []
+def _extras(model: Optional[torch.nn.Module], optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
+    if model is None:
+        return {}
+    return untrained_state(model, [p for group in optimizer.param_groups for p in group["params"]])
 
 
-def _broadcast(rt: Runtime, host: torch.Tensor) -> None:
-    """Broadcast a contiguous CPU tensor from the server, in place."""
-    rt.world.Bcast(byte_view(host), root=0)
+def _broadcast(comm: Any, tensors: List[torch.Tensor], root: int) -> None:
+    """Broadcast tensors (any device) from ``root`` of ``comm``, in place."""
+    for tensor in tensors:
+        host = tensor.detach().to("cpu", copy=True).contiguous()
+        comm.Bcast(byte_view(host), root=root)
+        with torch.no_grad():
+            tensor.copy_(host)
 
 
-def _broadcast_buffers(rt: Runtime, buffers: List[torch.Tensor]) -> None:
+def combine_buffers(rt: Runtime, buffers: List[torch.Tensor]) -> None:
+    """Among the workers: where a buffer differs between workers, average it
+    (floating point: BatchNorm statistics) or sum it (integers: counters);
+    where it is the same everywhere (frozen parameters), leave it alone."""
+    mpi = rt.mpi
     for buffer in buffers:
-        host = buffer.detach().to("cpu", copy=True).contiguous()
-        _broadcast(rt, host)
-        buffer.data.copy_(host)
-
-
-def _combine_buffers(rt: Runtime, buffers: List[torch.Tensor]) -> None:
-    """Average floating-point buffers over the workers, sum integer ones."""
-    for buffer in buffers:
-        host = buffer.detach().to("cpu", copy=True).contiguous()
-        if rt.role == SERVER:
-            host.zero_()
-        rt.world.Allreduce(rt.mpi.IN_PLACE, host.numpy(), op=rt.mpi.SUM)
-        if host.dtype.is_floating_point:
+        wide = torch.float64 if buffer.is_floating_point() else torch.int64
+        host = buffer.detach().to("cpu", dtype=wide, copy=True).contiguous()
+        low, high = host.clone(), host.clone()
+        rt.workers.Allreduce(mpi.IN_PLACE, low.numpy(), op=mpi.MIN)
+        rt.workers.Allreduce(mpi.IN_PLACE, high.numpy(), op=mpi.MAX)
+        if torch.equal(low, high):
+            continue
+        rt.workers.Allreduce(mpi.IN_PLACE, host.numpy(), op=mpi.SUM)
+        if buffer.is_floating_point():
             host.div_(rt.num_workers)
-        buffer.data.copy_(host)
+        with torch.no_grad():
+            buffer.copy_(host)
+
+
+CONTROL_TAG = 7301
+
+
+class ControlRequests:
+    """Requests a worker makes of the server outside the push protocol --
+    Horovod's checkpoint-restore idiom (load on one worker, then broadcast) --
+    as point-to-point messages the server looks for while it polls."""
+
+    def __init__(self, rt: Runtime, server: Optional[ParameterServer] = None):
+        self.rt, self.server = rt, server
+
+    def ask(self, request: Dict[str, Any]) -> None:
+        """Worker side: send ``request`` to the server and wait for its answer."""
+        self.rt.world.send(request, dest=0, tag=CONTROL_TAG)
+        problem = self.rt.world.recv(source=0, tag=CONTROL_TAG)
+        if problem:
+            raise HvdDcasgdError(problem)
+
+    def answer(self) -> None:
+        """Server side: handle every pending request."""
+        status = self.rt.mpi.Status()
+        while self.rt.world.Iprobe(source=self.rt.mpi.ANY_SOURCE, tag=CONTROL_TAG, status=status):
+            source = status.Get_source()
+            request = self.rt.world.recv(source=source, tag=CONTROL_TAG)
+            problem = None
+            if "parameters" in request:
+                if not self.server.set_state(request["parameters"]):
+                    problem = (
+                        "hvd_dcasgd: broadcast_parameters during training: the server knows none of the names "
+                        f"{sorted(request['parameters'])[:3]}...; pass named_parameters= (or model=) to "
+                        "DistributedOptimizer so that it can match them"
+                    )
+            if "optimizer_state" in request:
+                self.server.optimizer.load_state_dict(request["optimizer_state"])
+            self.rt.world.send(problem, dest=source, tag=CONTROL_TAG)
 
 
 class ServerSession:
     """The server's side of a session: serve, finish, report."""
 
-    def __init__(self, rt: Runtime, server: ParameterServer, control: ControlWords, mailboxes: Mailboxes, buffers):
-        self.rt, self.server, self.control, self.mailboxes, self.buffers = rt, server, control, mailboxes, buffers
+    def __init__(self, rt: Runtime, server: ParameterServer, control: ControlWords, mailboxes: Mailboxes,
+                 extras: Dict[str, torch.Tensor]):
+        self.rt, self.server, self.control, self.mailboxes, self.extras = rt, server, control, mailboxes, extras
 
     def finish(self) -> None:
-        _combine_buffers(self.rt, self.buffers)
-        _broadcast(self.rt, self.server.weights.detach().cpu())
+        _broadcast(self.rt.world, list(self.extras.values()), root=1)
+        _broadcast(self.rt.world, [self.server.weights], root=0)
         self.control.free()
         self.mailboxes.free()
         self.server.telemetry.close()
@@ -119,14 +165,26 @@ class ServerSession:
 class WorkerSession:
     """A worker's side of a session: the exchange object, and how to finish."""
 
-    def __init__(self, rt: Runtime, worker: Worker, control: ControlWords, mailboxes: Mailboxes, buffers):
-        self.rt, self.worker, self.control, self.mailboxes, self.buffers = rt, worker, control, mailboxes, buffers
+    def __init__(self, rt: Runtime, worker: Worker, control: ControlWords, mailboxes: Mailboxes,
+                 extras: Dict[str, torch.Tensor]):
+        self.rt, self.worker, self.control, self.mailboxes, self.extras = rt, worker, control, mailboxes, extras
+        self.buffers: List[torch.Tensor] = list(extras.values())
+        self.requests = ControlRequests(rt)
+        self.finished = False
+
+    def register_buffers(self, tensors: List[torch.Tensor]) -> None:
+        """Also combine these (the non-trained entries of a state dict the
+        script broadcast) at the end."""
+        known = {t.data_ptr() for t in self.buffers} | {p.data_ptr() for p in self.worker.params}
+        self.buffers += [t for t in tensors if t.data_ptr() not in known and t.numel()]
 
     def finish(self) -> None:
+        self.finished = True
         self.worker.channel.leave()
         self.worker.channel.wait_closed()
-        _combine_buffers(self.rt, self.buffers)
-        _broadcast(self.rt, self.worker.weights)
+        combine_buffers(self.rt, self.buffers)
+        _broadcast(self.rt.world, list(self.extras.values()), root=1)
+        _broadcast(self.rt.world, [self.worker.weights], root=0)
         self.worker.load_weights()
         self.control.free()
         self.mailboxes.free()
@@ -147,12 +205,12 @@ def run_server(
     control, mailboxes = _open_windows(rt, layout, wire_dtype)
     channel = ServerChannel(control, mailboxes, rt.num_workers)
     telemetry = Telemetry(rt.num_workers, trace_path)
-    server = ParameterServer(optimizer, layout, compensation, mailboxes, channel, wire_dtype, device, telemetry)
-    buffers = _buffers(model)
-    _broadcast(rt, server.weights.detach().cpu())
-    _broadcast_buffers(rt, buffers)
-    rt.session = ServerSession(rt, server, control, mailboxes, buffers)
-    server.serve()
+    extras = _extras(model, optimizer)
+    server = ParameterServer(optimizer, layout, compensation, mailboxes, channel, wire_dtype, device, telemetry,
+                             extras=extras)
+    _broadcast(rt.world, [server.weights, *extras.values()], root=0)
+    rt.session = ServerSession(rt, server, control, mailboxes, extras)
+    server.serve(ControlRequests(rt, server).answer)
     session, rt.session = rt.session, None
     session.finish()
     sys.exit(0)
@@ -172,10 +230,9 @@ def start_worker(
     control, mailboxes = _open_windows(rt, layout, wire_dtype)
     channel = WorkerChannel(control, mailboxes, rt.worker_rank)
     worker = Worker(optimizer, layout, channel, wire_dtype, check_finite)
-    buffers = _buffers(model)
-    _broadcast(rt, worker.weights)
+    extras = _extras(model, optimizer)
+    _broadcast(rt.world, [worker.weights, *extras.values()], root=0)
     worker.load_weights()
-    _broadcast_buffers(rt, buffers)
-    session = WorkerSession(rt, worker, control, mailboxes, buffers)
+    session = WorkerSession(rt, worker, control, mailboxes, extras)
     rt.session = session
     return session

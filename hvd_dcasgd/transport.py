@@ -28,6 +28,16 @@ import torch
 ALIGN = 64
 
 
+#: MPI 3.1 counts are C ints: a message longer than this goes as several
+#: operations, all completed by the one flush that follows them.
+MAX_OPERATION_BYTES = 1 << 30
+
+
+def _pieces(nbytes: int):
+    """(start, end) byte ranges of at most MAX_OPERATION_BYTES covering nbytes."""
+    return [(s, min(s + MAX_OPERATION_BYTES, nbytes)) for s in range(0, nbytes, MAX_OPERATION_BYTES)] or [(0, 0)]
+
+
 def _aligned(nbytes: int) -> int:
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
 
@@ -64,10 +74,11 @@ class ControlWords:
         self.count = count
         is_owner = comm.Get_rank() == owner
         self.win = mpi.Win.Allocate(count * 8 if is_owner else 0, 8, mpi.INFO_NULL, comm)
+        self.win.Lock_all(mpi.MODE_NOCHECK)
         if is_owner:
             np.frombuffer(self.win.tomemory(), dtype=np.int64)[:] = 0
+            self.win.Sync()
         comm.Barrier()
-        self.win.Lock_all(mpi.MODE_NOCHECK)
         self._operand = np.zeros(1, dtype=np.int64)
         self._result = np.zeros(1, dtype=np.int64)
 
@@ -121,8 +132,8 @@ class Mailboxes:
         size = num_workers * self._slot_bytes if is_owner else 0
         self.win = mpi.Win.Allocate(size, 1, mpi.INFO_NULL, comm)
         self._memory = torch.from_numpy(np.frombuffer(self.win.tomemory(), dtype=np.uint8)) if is_owner else None
-        comm.Barrier()
         self.win.Lock_all(mpi.MODE_NOCHECK)
+        comm.Barrier()
 
     def _inbox_disp(self, worker: int) -> int:
         return worker * self._slot_bytes
@@ -132,13 +143,16 @@ class Mailboxes:
 
     def put_inbox(self, worker: int, message: np.ndarray) -> None:
         """Write ``message`` (bytes) into ``worker``'s inbox; complete on return."""
-        nbytes = message.nbytes
-        self.win.Put(message, self.owner, (self._inbox_disp(worker), nbytes, self._mpi.BYTE))
+        base = self._inbox_disp(worker)
+        for start, end in _pieces(message.nbytes):
+            self.win.Put(message[start:end], self.owner, (base + start, end - start, self._mpi.BYTE))
         self.win.Flush(self.owner)
 
     def get_outbox(self, worker: int, out: np.ndarray) -> None:
         """Read ``worker``'s outbox into ``out`` (bytes); complete on return."""
-        self.win.Get(out, self.owner, (self._outbox_disp(worker), out.nbytes, self._mpi.BYTE))
+        base = self._outbox_disp(worker)
+        for start, end in _pieces(out.nbytes):
+            self.win.Get(out[start:end], self.owner, (base + start, end - start, self._mpi.BYTE))
         self.win.Flush(self.owner)
 
     def inbox(self, worker: int) -> torch.Tensor:

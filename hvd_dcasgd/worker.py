@@ -47,9 +47,8 @@ class Worker:
         self.weight_views = layout.views(self.weights)
         # CPU parameters become views of the receive buffer: the server's
         # weights then land in the model directly, with no copy.
-        self.aliased = all(p.device.type == "cpu" for p in self.params)
-        if self.aliased:
-            for p, view in zip(self.params, self.weight_views):
+        for p, view in zip(self.params, self.weight_views):
+            if p.device.type == "cpu" and p.dtype == view.dtype:
                 view.copy_(p.detach())
                 p.data = view
         self._message_bytes = self.message.bytes.numpy()
@@ -76,11 +75,10 @@ class Worker:
 
     def load_weights(self) -> None:
         """Copy the weights last received into the model's parameters."""
-        if self.aliased:
-            return
         with torch.no_grad():
             for p, view in zip(self.params, self.weight_views):
-                p.copy_(view)
+                if p.data_ptr() != view.data_ptr():  # not (or no longer) a view of the buffer
+                    p.copy_(view)
 
     def exchange(self) -> None:
         """Push this step's gradient and load the weights the server answers with."""

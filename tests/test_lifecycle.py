@@ -19,7 +19,7 @@ def test_sync_equals_sequential_sgd_on_concatenated_batches(tmp_path):
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--compensation", "sync", "--steps", STEPS,
                     "--momentum", "0.9", "--out", tmp_path)
     assert result.returncode == 0, result.stdout
-    assert f"{STEPS} updates" in result.stdout
+    assert f"server: {STEPS} updates in" in result.stdout
     args = synthetic.parse_args(["--momentum", "0.9"])
     torch.manual_seed(1000)
     model = synthetic.Model()
@@ -46,18 +46,26 @@ def test_uneven_workers_finish_and_every_rank_holds_the_final_weights(tmp_path, 
     server = torch.load(tmp_path / "server.pt")
     for m in range(WORKERS):
         final = torch.load(tmp_path / f"worker{m}.pt")
-        for name in ("a", "b", "running"):
+        for name in ("a", "b", "frozen", "running"):
             assert torch.equal(final[name], server[name]), (m, name)
     # floating-point buffers are averaged over the workers: worker m filled its buffer with m
     assert torch.allclose(server["running"], torch.full((4,), (WORKERS - 1) / 2))
     if mode == "sync":  # rounds shrink as workers leave: 4 rounds of 3, 4 of 2, 4 of 1
-        assert "12 updates" in result.stdout
+        assert "server: 12 updates in" in result.stdout
 
 
-def test_fp16_compression_trains(tmp_path):
-    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--fp16", "--steps", STEPS, "--out", tmp_path)
+def test_without_model_buffers_broadcast_by_the_script_are_combined(tmp_path):
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--no-model", "--steps", 3, "--out", tmp_path)
     assert result.returncode == 0, result.stdout
-    assert f"{WORKERS * STEPS} updates" in result.stdout
+    average = torch.full((4,), (WORKERS - 1) / 2)
+    for m in range(WORKERS):
+        assert torch.equal(torch.load(tmp_path / f"worker{m}.pt")["running"], average)
+
+
+def test_stepping_after_shutdown_is_a_clear_error():
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--steps", 2, "--after-shutdown", timeout=60)
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.count("training has ended (hvd.shutdown() ran)") == WORKERS
 
 
 def test_one_process_trains_locally_with_a_warning(tmp_path):
@@ -89,6 +97,10 @@ def test_mpirun_np_1_trains_locally_with_a_warning(tmp_path):
     [
         ("shape", "worker 1's model does not match the server's: its parameter 'b' is [17] float32, "
                   "the server's 'b' is [16] float32"),
+        ("name", "worker 1's model does not match the server's: its parameter 'z' is [16] float32, "
+                 "the server's 'b' is [16] float32"),
+        ("dtype", "worker 1's model does not match the server's: its parameter 'a' is [48] float64, "
+                  "the server's 'a' is [48] float32"),
         ("mode", "the server runs compensation 'adaptive' but worker 0 asks for 'constant'"),
     ],
 )
@@ -107,7 +119,7 @@ def test_nan_gradient_is_refused_and_aborts_the_job():
 def test_nan_gradient_caught_by_the_script_loses_nothing(tmp_path):
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "nan-skip", "--steps", STEPS, "--out", tmp_path)
     assert result.returncode == 0, result.stdout
-    assert f"{WORKERS * STEPS - 1} updates" in result.stdout
+    assert f"server: {WORKERS * STEPS - 1} updates in" in result.stdout
     assert "worker 1 done: 8 steps, 1 skipped" in result.stdout
     assert torch.isfinite(torch.load(tmp_path / "server.pt")["b"]).all()
 
@@ -127,11 +139,10 @@ def test_missing_mpi_under_a_launcher_is_a_clear_error():
     assert "hvd_dcasgd needs mpi4py, which is not installed" in result.stdout
 
 
-def test_horovod_helpers_work_among_the_workers():
-    result = mpirun(WORKERS + 1, PROGRAMS / "collectives.py", timeout=60)
+def test_horovod_helpers_work_among_the_workers(tmp_path):
+    result = mpirun(WORKERS + 1, PROGRAMS / "collectives.py", tmp_path, timeout=60)
     assert result.returncode == 0, result.stdout
-    rows = sorted((json.loads(line[7:]) for line in result.stdout.splitlines() if line.startswith("RESULT ")),
-                  key=lambda r: r["rank"])
+    rows = sorted((json.loads(f.read_text()) for f in tmp_path.glob("result*.json")), key=lambda r: r["rank"])
     assert [r["rank"] for r in rows] == list(range(WORKERS)), "only the workers run the loop"
     for r in rows:
         assert r["size"] == WORKERS

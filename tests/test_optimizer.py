@@ -71,8 +71,13 @@ def test_named_parameters_must_name_every_trained_parameter():
 
 
 def test_metric_helpers_work_locally():
-    assert hvd.allreduce(torch.tensor(3.0)).item() == 3.0
+    assert hvd.allreduce(torch.tensor([3.0, 4.0])).tolist() == [3.0, 4.0]
+    assert hvd.allreduce(torch.tensor(5), op=hvd.Sum).item() == 5
+    assert hvd.broadcast_object({"x": 1}) == {"x": 1}
+
+
+def test_empty_param_group_is_accepted():
     model = _model()
-    before = model.weight.detach().clone()
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    assert torch.equal(model.weight, before)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([{"params": list(model.parameters())}, {"params": []}], lr=0.1))
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()

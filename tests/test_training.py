@@ -46,27 +46,33 @@ def _check_exactly_once(records, steps_per_worker):
 def test_exactly_once(tmp_path, mca):
     out, records, _, _ = _train(tmp_path, "--steps", STEPS, "--compensation", "none", mca=mca)
     _check_exactly_once(records, [STEPS] * WORKERS)
-    assert f"{WORKERS * STEPS} updates" in out
-    assert f"pushes per worker {[STEPS] * WORKERS}" in out
+    assert f"server: {WORKERS * STEPS} updates in" in out
+    assert f"pushes per worker {[STEPS] * WORKERS};" in out
 
 
 def _replay(records, args):
     """Replay the trace in one process: the gradient of push (m, k) at w_bak(m)."""
     torch.manual_seed(1000)  # the server rank's seed: its weights are the initial ones
     model = synthetic.Model()
+    if args.restore:
+        with torch.no_grad():
+            model.a.fill_(synthetic.RESTORED_A)
     optimizer = synthetic.make_optimizer(model, args)
     params = [model.a, model.b]
     backups = [[p.detach().clone() for p in params] for _ in range(WORKERS)]
     mean_squares = [torch.zeros_like(p) for p in params]
     lambda_0 = {"constant": 0.04, "adaptive": 2.0}.get(args.compensation, 0.0)
+    wire = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compression]
     for r in records:
         m, k = r["worker"], r["step"]
         worker_model = synthetic.Model()
         with torch.no_grad():
             worker_model.a.copy_(backups[m][0])
             worker_model.b.copy_(backups[m][1])
-        synthetic.loss_on(worker_model, *synthetic.batch(m, k)).backward()
-        grads = [worker_model.a.grad, worker_model.b.grad]
+        synthetic.backward_passes(worker_model, m, k, args)
+        if args.clip:
+            torch.nn.utils.clip_grad_norm_(worker_model.parameters(), synthetic.CLIP)
+        grads = [worker_model.a.grad.to(wire).float(), worker_model.b.grad.to(wire).float()]
         if lambda_0:
             dcasgd_(grads, [p.detach() for p in params], backups[m],
                     mean_squares if args.compensation == "adaptive" else None,
@@ -88,11 +94,15 @@ def _replay(records, args):
         ("constant", ["--momentum", "0.9", "--weight-decay", "0.01", "--schedule"]),
         ("adaptive", []),
         ("adaptive", ["--optimizer", "adam", "--uneven"]),
+        ("constant", ["--compression", "fp16", "--accumulate"]),
+        ("adaptive", ["--compression", "bf16", "--clip", "--restore"]),
     ],
-    ids=["asgd", "constant-momentum-wd-schedule", "adaptive-fused", "adaptive-adam-uneven"],
+    ids=["asgd", "constant-momentum-wd-schedule", "adaptive-fused", "adaptive-adam-uneven",
+         "constant-fp16-accumulate", "adaptive-bf16-clip-restore"],
 )
 def test_equivalence_with_single_process_replay(tmp_path, mode, extra):
     args = synthetic.parse_args(["--compensation", mode, "--steps", str(STEPS), *extra])
+    assert args.compensation == mode
     _, records, final, starts = _train(tmp_path, "--compensation", mode, "--steps", STEPS, *extra)
     steps = [STEPS * (m + 1) if args.uneven else STEPS for m in range(WORKERS)]
     _check_exactly_once(records, steps)
@@ -100,7 +110,8 @@ def test_equivalence_with_single_process_replay(tmp_path, mode, extra):
     for m in range(WORKERS):
         assert torch.allclose(final[m]["a"], expected.a.detach(), atol=1e-5)
         assert torch.allclose(final[m]["b"], expected.b.detach(), atol=1e-5)
-    # every worker started from the server's weights, not its own seed
+    # every worker started from the server's weights (and frozen parameters), not its own seed
     torch.manual_seed(1000)
-    initial = synthetic.Model().a.detach()[:4].tolist()
-    assert [s["a"] for s in starts] == [pytest.approx(initial)] * WORKERS
+    initial = synthetic.Model()
+    assert [s["a"] for s in starts] == [pytest.approx(initial.a.detach()[:4].tolist())] * WORKERS
+    assert [s["frozen"] for s in starts] == [pytest.approx(initial.frozen.tolist())] * WORKERS

@@ -1,9 +1,10 @@
 """A deterministic training run for the tests.
 
-Worker m's k-th gradient is the real gradient of a least-squares loss on a
-batch generated from (m, k), at the weights the worker holds, so a run can be
-replayed in one process from the server's trace.  Every rank initialises its
-model from its own seed: the workers must start from the server's weights.
+Worker m's k-th gradient is the real gradient of a least-squares loss on
+batches generated from (m, k), at the weights the worker holds, so a run can
+be replayed in one process from the server's trace (see ``worker_gradient``,
+which both use).  Every rank initialises its model from its own seed: the
+workers must start from the server's weights.
 """
 
 import argparse
@@ -15,7 +16,7 @@ import torch
 
 import hvd_dcasgd as hvd
 
-DIM_A, DIM_B, BATCH = 48, 16, 8
+DIM_A, DIM_B, BATCH, CLIP = 48, 16, 8, 0.5
 
 
 class Model(torch.nn.Module):
@@ -23,6 +24,7 @@ class Model(torch.nn.Module):
         super().__init__()
         self.a = torch.nn.Parameter(torch.randn(DIM_A))
         self.b = torch.nn.Parameter(torch.randn(dim_b))
+        self.frozen = torch.nn.Parameter(torch.randn(3), requires_grad=False)
         self.register_buffer("running", torch.zeros(4))
 
 
@@ -37,6 +39,13 @@ def loss_on(model: Model, xa, xb, y):
     return ((xa @ model.a + xb @ model.b - y) ** 2).mean()
 
 
+def backward_passes(model: Model, worker: int, step: int, args) -> None:
+    """The backward pass(es) of worker's push ``step``: two accumulated with
+    ``--accumulate``."""
+    for i in range(2 if args.accumulate else 1):
+        loss_on(model, *batch(worker, step + 1000 * i)).backward()
+
+
 def make_optimizer(model: Model, args):
     groups = [{"params": [model.a]}, {"params": [model.b], "lr": args.lr * 0.5}]
     if args.optimizer == "adam":
@@ -47,6 +56,9 @@ def make_optimizer(model: Model, args):
 def lr_factor(step: int) -> float:
     """The StepLR schedule the workers follow (halve every 5 pushes)."""
     return 0.5 ** (step // 5)
+
+
+RESTORED_A = 0.25  # what --restore loads on worker 0 after wrapping
 
 
 def parse_args(argv=None):
@@ -60,41 +72,61 @@ def parse_args(argv=None):
     parser.add_argument("--optimizer", default="sgd", choices=["sgd", "adam"])
     parser.add_argument("--compensation", default="adaptive")
     parser.add_argument("--schedule", action="store_true", help="StepLR on the workers")
-    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
+    parser.add_argument("--accumulate", action="store_true", help="backward_passes_per_step=2")
+    parser.add_argument("--clip", action="store_true", help="Horovod's synchronize/clip/skip_synchronize idiom")
+    parser.add_argument("--restore", action="store_true", help="worker 0 loads weights after wrapping, broadcasts")
+    parser.add_argument("--no-model", action="store_true", help="no model= (buffers via broadcast_parameters)")
+    parser.add_argument("--after-shutdown", action="store_true", help="try to step after shutdown")
     parser.add_argument("--out", default=None, help="folder for final weights and a start report")
-    parser.add_argument("--bad", default=None, choices=["shape", "mode", "nan", "nan-skip"])
+    parser.add_argument("--bad", default=None, choices=["shape", "name", "dtype", "mode", "nan", "nan-skip"])
     return parser.parse_args(argv)
 
 
 def main():
     args = parse_args()
-
     hvd.init()
     world_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
     torch.manual_seed(1000 + world_rank)
-    model = Model(DIM_B + 1 if args.bad == "shape" and world_rank == 2 else DIM_B)
+    odd = world_rank == 2  # the rank a --bad launch makes different
+    model = Model(DIM_B + 1 if args.bad == "shape" and odd else DIM_B)
+    if args.bad == "dtype" and odd:
+        model = model.double()
+    named = [("z" if n == "b" and args.bad == "name" and odd else n, p) for n, p in model.named_parameters()]
     if hvd.is_server() and args.out:  # the server exits inside DistributedOptimizer
         atexit.register(lambda: torch.save(model.state_dict(), os.path.join(args.out, "server.pt")))
-    mode = "constant" if args.bad == "mode" and world_rank == 1 else args.compensation
     optimizer = hvd.DistributedOptimizer(
         make_optimizer(model, args),
-        named_parameters=model.named_parameters(),
-        compression=hvd.Compression.fp16 if args.fp16 else hvd.Compression.none,
-        compensation=mode,
-        model=model,
+        named_parameters=named,
+        compression=getattr(hvd.Compression, args.compression),
+        backward_passes_per_step=2 if args.accumulate else 1,
+        compensation="constant" if args.bad == "mode" and world_rank == 1 else args.compensation,
+        model=None if args.no_model else model,
     )
-    start = {"rank": hvd.rank(), "a": model.a.detach().tolist()[:4]}
+    start = {"rank": hvd.rank(), "a": model.a.detach().tolist()[:4], "frozen": model.frozen.tolist()}
+    if args.restore and hvd.rank() == 0:
+        with torch.no_grad():
+            model.a.fill_(RESTORED_A)
+    if args.restore or args.no_model:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 5, 0.5) if args.schedule else None
     model.running.fill_(float(hvd.rank()))
     steps = args.steps * (hvd.rank() + 1) if args.uneven else args.steps
     skipped = 0
     for k in range(steps):
         optimizer.zero_grad()
-        loss_on(model, *batch(hvd.rank(), k)).backward()
+        backward_passes(model, hvd.rank(), k, args)
         if args.bad in ("nan", "nan-skip") and hvd.rank() == 1 and k == 3:
             model.b.grad[0] = float("nan")
         try:
-            optimizer.step()
+            if args.clip:
+                optimizer.synchronize()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+                with optimizer.skip_synchronize():
+                    optimizer.step()
+            else:
+                optimizer.step()
         except hvd.HvdDcasgdError:
             if args.bad != "nan-skip":
                 raise
@@ -102,6 +134,11 @@ def main():
         if scheduler is not None:
             scheduler.step()
     hvd.shutdown()
+    if args.after_shutdown:
+        try:
+            optimizer.step()
+        except hvd.HvdDcasgdError as error:
+            print(f"worker {hvd.rank()}: {error}", flush=True)
     if args.out:
         torch.save(model.state_dict(), os.path.join(args.out, f"worker{hvd.rank()}.pt"))
         with open(os.path.join(args.out, f"start{hvd.rank()}.json"), "w") as f:

@@ -9,10 +9,15 @@ Launch with one rank more than workers: rank 0 is the parameter server.
 """
 
 from .collectives import (
+    Adasum,
     Average,
+    Max,
+    Min,
     Sum,
+    allgather,
     allreduce,
     allreduce_,
+    broadcast,
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
@@ -26,7 +31,12 @@ from .runtime import init, is_initialized, is_server, local_rank, local_size, ra
 __version__ = "0.1.0"
 
 __all__ = [
+    "Adasum",
     "Average",
+    "Max",
+    "Min",
+    "allgather",
+    "broadcast",
     "Compensation",
     "Compression",
     "DistributedOptimizer",

@@ -14,10 +14,12 @@ from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import torch
 
+from .errors import HvdDcasgdError
 from .layout import byte_view
 from .runtime import WORKER, runtime
 
-Average, Sum = "average", "sum"
+#: Reduction operations, by Horovod's names.
+Average, Sum, Min, Max, Adasum = "average", "sum", "min", "max", "adasum"
 
 
 def _worker_comm():
@@ -31,13 +33,34 @@ def allreduce(
     """A new tensor: ``tensor`` summed or averaged over the workers."""
     if average is not None:
         op = Average if average else Sum
+    if op not in (Average, Sum, Min, Max):
+        raise HvdDcasgdError(f"hvd_dcasgd: allreduce supports Average, Sum, Min and Max, not {op!r}")
     result = tensor.detach().to("cpu", copy=True).contiguous()
     comm = _worker_comm()
     if comm is not None:
         mpi = runtime().mpi
-        comm.Allreduce(mpi.IN_PLACE, result.numpy(), op=mpi.SUM)
+        reduction = {Average: mpi.SUM, Sum: mpi.SUM, Min: mpi.MIN, Max: mpi.MAX}[op]
+        comm.Allreduce(mpi.IN_PLACE, result.numpy(), op=reduction)
         if op == Average:
             result = result / comm.Get_size() if result.is_floating_point() else result // comm.Get_size()
+    return result.to(tensor.device)
+
+
+def allgather(tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
+    """Every worker's ``tensor`` concatenated along the first dimension."""
+    comm = _worker_comm()
+    if comm is None:
+        return tensor.clone()
+    parts = comm.allgather(tensor.detach().cpu())
+    return torch.cat([p.reshape(-1, *tensor.shape[1:]) for p in parts]).to(tensor.device)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
+    """A new tensor holding worker ``root_rank``'s ``tensor``."""
+    result = tensor.detach().to("cpu", copy=True).contiguous()
+    comm = _worker_comm()
+    if comm is not None:
+        comm.Bcast(byte_view(result), root=root_rank)
     return result.to(tensor.device)
 
 

@@ -17,6 +17,7 @@ from typing import Iterable, Iterator, Optional, Tuple, Type
 
 import torch
 
+from .collectives import Average
 from .compensation import Compensation
 from .compression import Compression, Compressor
 from .errors import HvdDcasgdError
@@ -105,6 +106,12 @@ def DistributedOptimizer(
     named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
     compression: Type[Compressor] = Compression.none,
     backward_passes_per_step: int = 1,
+    op: str = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups=None,
+    sparse_as_dense: bool = False,
+    process_set=None,
     *,
     compensation: str = "adaptive",
     lambda_0: Optional[float] = None,
@@ -121,12 +128,21 @@ def DistributedOptimizer(
     ``compensation``: ``"adaptive"`` (DC-ASGD-a), ``"constant"`` (DC-ASGD-c),
     ``"none"`` (ASGD) or ``"sync"`` (synchronous SGD); ``HVD_DCASGD_COMPENSATION``
     and ``HVD_DCASGD_LAMBDA`` override ``compensation`` and ``lambda_0``.
-    ``model`` lets the server manage the model's buffers (BatchNorm statistics).
+    Horovod's ``gradient_predivide_factor``, ``num_groups``, ``groups``,
+    ``sparse_as_dense`` and ``process_set`` are accepted and have no effect
+    (one flat message carries every gradient, dense); ``op`` must be Average.
+    ``model`` lets the server manage the rest of the model's state (buffers such
+    as BatchNorm statistics, frozen parameters).
     ``trace`` (or ``HVD_DCASGD_TRACE``) is a path for the server's JSON-lines
     trace.  ``server_device`` (or ``HVD_DCASGD_SERVER_DEVICE``) overrides the
     server's device, CUDA when it has one.  See the README for every option.
     """
     rt = runtime()
+    if op != Average:
+        raise HvdDcasgdError(
+            f"hvd_dcasgd: op={op!r} is not supported: the parameter server applies each worker's gradient "
+            "(or, in sync mode, their average)"
+        )
     if backward_passes_per_step < 1:
         raise HvdDcasgdError("hvd_dcasgd: backward_passes_per_step must be at least 1")
     settings = Compensation(

@@ -67,10 +67,22 @@ def agree(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dty
 
 
 def _open_windows(rt: Runtime, layout: ModelLayout, wire_dtype: torch.dtype):
-    control = ControlWords(rt.mpi, rt.world, control_words(rt.num_workers))
     inbox_bytes = PushMessage(layout, wire_dtype, storage=torch.empty(0, dtype=torch.uint8)).nbytes
     outbox_bytes = layout.numel * layout.dtype.itemsize
-    mailboxes = Mailboxes(rt.mpi, rt.world, rt.num_workers, inbox_bytes, outbox_bytes)
+    try:
+        control = ControlWords(rt.mpi, rt.world, control_words(rt.num_workers))
+        mailboxes = Mailboxes(rt.mpi, rt.world, rt.num_workers, inbox_bytes, outbox_bytes)
+    except rt.mpi.Exception as exc:
+        hint = ""
+        if rt.mpi.Query_thread() == rt.mpi.THREAD_MULTIPLE:
+            hint = (
+                " MPI runs at thread level MULTIPLE, which Open MPI's one-sided component over TCP (osc/pt2pt) "
+                "refuses: import hvd_dcasgd before mpi4py.MPI, or set mpi4py.rc.thread_level = 'serialized' first."
+            )
+        raise HvdDcasgdError(
+            f"hvd_dcasgd: MPI could not create the parameter server's windows ({exc.Get_error_string()}).{hint}",
+            collective=True,
+        ) from exc
     return control, mailboxes
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import PROGRAMS, mpirun, python, run
+from conftest import PROGRAMS, TCP, mpirun, python, run
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -149,6 +149,9 @@ def test_horovod_helpers_work_among_the_workers(tmp_path):
         assert r["average"] == pytest.approx((WORKERS - 1) / 2)
         assert r["sum"] == [WORKERS * (WORKERS - 1) // 2, WORKERS]
         assert r["object"] == {"from": 1}
+        assert r["gathered"] == list(range(WORKERS))
+        assert r["broadcast"] == [20]
+        assert r["max"] == WORKERS - 1
         assert r["weight"] == pytest.approx(rows[1]["weight"])
         assert r["marker"] == 1.0
 
@@ -169,3 +172,11 @@ def test_one_worker_is_sequential_sgd_in_every_mode(tmp_path):
                         "--momentum", "0.9", "--out", out)
         assert result.returncode == 0, result.stdout
         assert torch.allclose(torch.load(out / "worker0.pt")["a"], model.a.detach(), atol=1e-6), mode
+
+
+def test_mpi_imported_first_works_on_shared_memory_and_explains_itself_over_tcp():
+    ok = mpirun(3, PROGRAMS / "mpi_first.py", timeout=60)
+    assert ok.returncode == 0 and "worker 1 done" in ok.stdout, ok.stdout
+    refused = mpirun(3, PROGRAMS / "mpi_first.py", mca=TCP, timeout=60)
+    assert refused.returncode != 0
+    assert refused.stdout.count("MPI runs at thread level MULTIPLE") == 3, refused.stdout

@@ -81,3 +81,14 @@ def test_empty_param_group_is_accepted():
     opt = hvd.DistributedOptimizer(torch.optim.SGD([{"params": list(model.parameters())}, {"params": []}], lr=0.1))
     model(torch.randn(2, 4)).sum().backward()
     opt.step()
+
+
+def test_horovod_arguments_are_accepted_and_adasum_refused():
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                   hvd.Compression.fp16, 1, op=hvd.Average, gradient_predivide_factor=1.0)
+    assert isinstance(opt, torch.optim.SGD)
+    with pytest.raises(hvd.HvdDcasgdError, match="op='adasum' is not supported"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
+    assert torch.equal(hvd.allgather(torch.ones(2, 3)), torch.ones(2, 3))
+    assert torch.equal(hvd.broadcast(torch.arange(3), root_rank=0), torch.arange(3))

@@ -19,6 +19,9 @@ result = {
     "average": hvd.allreduce(torch.tensor(float(rank))).item(),
     "sum": hvd.allreduce(torch.tensor([rank, 1]), op=hvd.Sum).tolist(),
     "object": hvd.broadcast_object({"from": rank}, root_rank=1),
+    "gathered": hvd.allgather(torch.tensor([rank])).tolist(),
+    "broadcast": hvd.broadcast(torch.tensor([10 * rank]), root_rank=2).tolist(),
+    "max": hvd.allreduce(torch.tensor(float(rank)), op=hvd.Max).item(),
 }
 # after a step the workers hold different weights; broadcasting makes them worker 1's
 model.weight.grad = torch.full_like(model.weight, float(rank))

@@ -1,0 +1,15 @@
+"""A script that imports mpi4py.MPI itself (thread level MULTIPLE) before hvd_dcasgd."""
+
+import torch
+from mpi4py import MPI
+
+import hvd_dcasgd as hvd
+
+hvd.init(comm=MPI.COMM_WORLD)
+model = torch.nn.Linear(2, 2)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                     named_parameters=model.named_parameters())
+model(torch.ones(1, 2)).sum().backward()
+optimizer.step()
+hvd.shutdown()
+print(f"worker {hvd.rank()} done", flush=True)

@@ -3,8 +3,8 @@
 The functional core of the project, shaped like ``torch.optim.sgd``: one
 function, :func:`dcasgd_`, with a single-tensor reference that reads like the
 paper's Eq. 10, a multi-tensor (``foreach``) implementation, and a fused
-implementation that walks flat tensors in cache-sized chunks so that the whole
-server update costs one pass over memory.
+implementation (a C kernel, or torch ops on cache-sized chunks where it cannot
+be built) so that the whole server update costs one pass over memory.
 
 For a gradient ``g`` computed by worker m on the weights ``w_bak(m)`` and
 applied to the current weights ``w``::
@@ -24,6 +24,8 @@ from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor
+
+from . import native
 
 __all__ = ["Compensation", "MODES", "dcasgd_"]
 
@@ -198,11 +200,14 @@ def _fused_dcasgd(
     eps: float,
     lr: Optional[float],
 ) -> None:
-    """Chunked single pass: every chunk's temporaries live in cache, so memory
-    sees each operand once (read g, w, w_bak; write w, w_bak or g)."""
+    """One pass over memory (read g, w, w_bak; write w, w_bak or g): the C
+    kernel of :mod:`native` for float32, else torch ops on cache-sized chunks,
+    so that each chunk's temporaries never leave the cache."""
     for i, (grad, weight, backup) in enumerate(zip(grads, weights, backups)):
         g_all, w_all, b_all = grad.view(-1), weight.view(-1), backup.view(-1)
         ms_all = None if mean_squares is None else mean_squares[i].view(-1)
+        if native.dcasgd_f32(g_all, w_all, b_all, ms_all, lambda_0, mean_square_momentum, eps, lr):
+            continue
         numel = w_all.numel()
         if numel == 0:
             continue

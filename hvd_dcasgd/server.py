@@ -67,7 +67,7 @@ class ParameterServer:
         self.grad = torch.zeros_like(self.weights)
         for p, weight, grad in zip(params, layout.views(self.weights), layout.views(self.grad)):
             p.data = weight
-            p.grad = grad
+            p.grad = grad if p.requires_grad else None  # torch's optimizers skip frozen parameters
         self.messages = [PushMessage(layout, wire_dtype, mailboxes.inbox(m)) for m in range(num_workers)]
         self.outboxes = [mailboxes.outbox(m).view(layout.dtype) for m in range(num_workers)]
         if staged if staged is not None else device.type != "cpu":

@@ -2,18 +2,20 @@
 against the reference that reads like the paper's formula."""
 
 import math
+import sys
 
 import pytest
 import torch
 
 from hvd_dcasgd import Compensation, dcasgd_
 from hvd_dcasgd import compensation as compensation_module
+from hvd_dcasgd import native
 
 IMPLEMENTATIONS = [dict(foreach=False, fused=False), dict(foreach=True, fused=False), dict(fused=True)]
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_constant_hand_computed(impl):
+def test_constant_hand_computed(impl, fused_kernel):
     g = torch.tensor([1.0, 2.0, -3.0])
     w = torch.tensor([1.0, 1.0, 2.0])
     w_bak = torch.tensor([0.0, 0.5, 2.5])
@@ -23,7 +25,7 @@ def test_constant_hand_computed(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_adaptive_hand_computed(impl):
+def test_adaptive_hand_computed(impl, fused_kernel):
     g = torch.tensor([2.0, -1.0])
     w = torch.tensor([1.0, 0.0])
     w_bak = torch.tensor([0.5, 1.0])
@@ -37,7 +39,7 @@ def test_adaptive_hand_computed(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_with_lr_takes_the_sgd_step_and_records_the_backup(impl):
+def test_with_lr_takes_the_sgd_step_and_records_the_backup(impl, fused_kernel):
     g = torch.tensor([1.0, 2.0])
     w = torch.tensor([1.0, 1.0])
     w_bak = torch.tensor([0.0, 0.5])
@@ -49,7 +51,7 @@ def test_with_lr_takes_the_sgd_step_and_records_the_backup(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_zero_lambda_is_plain_sgd(impl):
+def test_zero_lambda_is_plain_sgd(impl, fused_kernel):
     g, w, w_bak = torch.randn(100), torch.randn(100), torch.randn(100)
     expected = w - 0.1 * g
     dcasgd_([g], [w], [w_bak], None, lambda_0=0.0, lr=0.1, **impl)
@@ -67,12 +69,22 @@ def _random_case(sizes, seed, grad_dtype=torch.float32):
     return g, w, w_bak, ms
 
 
+@pytest.fixture(params=["native", "torch-chunks"])
+def fused_kernel(request, monkeypatch):
+    """Run fused tests with the C kernel and with the torch fallback."""
+    if request.param == "native":
+        assert native.library() is not None, "the C kernel must build here (cc and OpenMP are installed)"
+    else:
+        monkeypatch.setattr(native, "library", lambda: None)
+        monkeypatch.setattr(compensation_module, "FUSED_CHUNK", 1000)  # exercise chunk edges
+    return request.param
+
+
 @pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("lr", [None, 0.3])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS[1:])
 @pytest.mark.parametrize("grad_dtype", [torch.float32, torch.float16])
-def test_fast_implementations_match_reference(monkeypatch, adaptive, lr, impl, grad_dtype):
-    monkeypatch.setattr(compensation_module, "FUSED_CHUNK", 1000)  # exercise chunk edges
+def test_fast_implementations_match_reference(fused_kernel, adaptive, lr, impl, grad_dtype):
     sizes = [4567, 1, 1000, 2500]
     ref = _random_case(sizes, 0, grad_dtype)
     fast = _random_case(sizes, 0, grad_dtype)
@@ -99,3 +111,16 @@ def test_compensation_defaults_and_validation():
         Compensation("fast")
     with pytest.raises(ValueError, match="lambda_0"):
         Compensation("constant", lambda_0=float("nan"))
+
+
+def test_native_kernel_is_used_for_float32_and_can_be_switched_off(tmp_path):
+    from conftest import run
+
+    probe = ("import torch, hvd_dcasgd.native as n; t = torch.ones(4); "
+             "print(n.dcasgd_f32(t, t.clone(), t.clone(), None, 0.04, 0.95, 1e-7, 0.1), "
+             "n.dcasgd_f32(t.half(), t.half(), t.half(), None, 0.04, 0.95, 1e-7, 0.1))")
+    env = {"HVD_DCASGD_CACHE": str(tmp_path)}
+    assert run([sys.executable, "-c", probe], env=env).stdout.split() == ["True", "False"]
+    assert list(tmp_path.glob("dcasgd_kernel_*.so")), "the library is cached"
+    off = run([sys.executable, "-c", probe], env={**env, "HVD_DCASGD_NATIVE": "0"})
+    assert off.stdout.split() == ["False", "False"]

@@ -1,0 +1,81 @@
+"""The compensation kernel in C, compiled on first use with the system's C
+compiler and loaded with ctypes: one pass over memory, vectorised and spread
+over the cores with OpenMP, where a chain of torch ops makes one pass per op.
+
+The library is cached (``HVD_DCASGD_CACHE``, default ``~/.cache/hvd_dcasgd``)
+under a name derived from its source, so it is built once per machine.  With
+no compiler, or with ``HVD_DCASGD_NATIVE=0``, :func:`dcasgd_f32` returns False
+and the caller uses its torch implementation.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+SOURCE = Path(__file__).with_name("dcasgd_kernel.c")
+FLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared"]
+
+_library: Optional[ctypes.CDLL] = None
+_tried = False
+
+
+def _build() -> Optional[ctypes.CDLL]:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if os.environ.get("HVD_DCASGD_NATIVE", "1") == "0" or compiler is None:
+        return None
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("HVD_DCASGD_CACHE", Path.home() / ".cache" / "hvd_dcasgd"))
+    target = cache / f"dcasgd_kernel_{digest}.so"
+    if not target.exists():
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=cache) as scratch:  # ranks may build at once
+                built = Path(scratch) / target.name
+                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                               check=True, capture_output=True, timeout=120)
+                os.replace(built, target)
+        except (OSError, subprocess.SubprocessError):
+            return None
+    library = ctypes.CDLL(str(target))
+    library.hvd_dcasgd_f32.restype = None
+    library.hvd_dcasgd_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_float] * 4 + [ctypes.c_int] * 2
+    return library
+
+
+def library() -> Optional[ctypes.CDLL]:
+    """The loaded kernel library, or None where it cannot be built."""
+    global _library, _tried
+    if not _tried:
+        _tried = True
+        _library = _build()
+    return _library
+
+
+def _suitable(t: Optional[torch.Tensor]) -> bool:
+    return t is None or (t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous())
+
+
+def dcasgd_f32(grad: torch.Tensor, weight: torch.Tensor, backup: torch.Tensor, mean_square: Optional[torch.Tensor],
+               lambda_0: float, mean_square_momentum: float, eps: float, lr: Optional[float]) -> bool:
+    """Run the kernel in place if it is available and the tensors are
+    contiguous float32 on the CPU; return whether it ran."""
+    tensors = (grad, weight, backup, mean_square)
+    lib = library()
+    if lib is None or not all(_suitable(t) for t in tensors):
+        return False
+    lib.hvd_dcasgd_f32(
+        grad.data_ptr(), weight.data_ptr(), backup.data_ptr(),
+        None if mean_square is None else mean_square.data_ptr(), weight.numel(),
+        lambda_0, mean_square_momentum, eps, 0.0 if lr is None else lr, int(lr is not None), torch.get_num_threads(),
+    )
+    return True

@@ -19,12 +19,13 @@ Ratios raw / protocol are printed; 1.0 means no overhead over raw RMA.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 
 import numpy as np
 import torch
 
-from common import median_seconds
 from hvd_dcasgd.channel import ServerChannel, WorkerChannel, control_words
 from hvd_dcasgd.layout import ModelLayout, PushMessage
 from hvd_dcasgd.mpi import load_mpi
@@ -48,27 +49,14 @@ def main() -> None:
     layout = ModelLayout.of(optimizer, model.named_parameters())
     message_bytes = PushMessage(layout, torch.float32, storage=torch.empty(0, dtype=torch.uint8)).nbytes
     weight_bytes = layout.numel * 4
-    rounds = args.repeats + 2  # median_seconds warms up twice
+    rounds = args.repeats + 2  # the first two are warm-up
 
-    # raw RMA on a window of the same kind
     raw_win = MPI.Win.Allocate(message_bytes + weight_bytes if rank == 0 else 0, 1, MPI.INFO_NULL, comm)
     raw_win.Lock_all(MPI.MODE_NOCHECK)
-    send, recv = np.ones(message_bytes, np.uint8), np.empty(weight_bytes, np.uint8)
-
-    def raw_round_trip():
-        raw_win.Put(send, 0, (0, message_bytes, MPI.BYTE))
-        raw_win.Flush(0)
-        raw_win.Get(recv, 0, (message_bytes, weight_bytes, MPI.BYTE))
-        raw_win.Flush(0)
-
-    raw = median_seconds(raw_round_trip, args.repeats) if rank == 1 else 0.0
-    comm.Barrier()
-    raw_win.Unlock_all()
-    raw_win.Free()
-
     control = ControlWords(MPI, comm, control_words(1))
     mailboxes = Mailboxes(MPI, comm, 1, message_bytes, weight_bytes)
-    if rank == 0:  # answer every push at once, twice over (channel, then exchange)
+    send, recv = np.ones(message_bytes, np.uint8), np.empty(weight_bytes, np.uint8)
+    if rank == 0:  # answer every push at once: two per round (channel, exchange)
         channel = ServerChannel(control, mailboxes, 1)
         answered = 0
         while answered < 2 * rounds:
@@ -81,18 +69,33 @@ def main() -> None:
         worker = Worker(optimizer, layout, worker_channel, torch.float32)
         model.weight.grad = torch.randn_like(model.weight)
 
+        def raw_round_trip():
+            raw_win.Put(send, 0, (0, message_bytes, MPI.BYTE))
+            raw_win.Flush(0)
+            raw_win.Get(recv, 0, (message_bytes, weight_bytes, MPI.BYTE))
+            raw_win.Flush(0)
+
         def channel_round_trip():
             worker_channel.push(send)
             worker_channel.pull(recv)
 
-        protocol = median_seconds(channel_round_trip, args.repeats)
-        exchange = median_seconds(worker.exchange, args.repeats)
+        # interleaved, so that the machine's noise hits all three alike
+        times = {"raw": [], "channel": [], "exchange": []}
+        for _ in range(rounds):
+            for name, fn in (("raw", raw_round_trip), ("channel", channel_round_trip), ("exchange", worker.exchange)):
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+        raw, protocol, exchange = (statistics.median(times[k][2:]) for k in ("raw", "channel", "exchange"))
         mb = (message_bytes + weight_bytes) / 1e6
-        print(f"round trip of {mb:.0f} MB ({args.numel / 1e6:.0f}M float32 out and back), one worker")
+        print(f"round trip of {mb:.0f} MB ({args.numel / 1e6:.0f}M float32 out and back), one worker, "
+              f"median of {args.repeats}, interleaved")
         print(f"  raw Put+Get:        {raw * 1e3:8.1f} ms  ({mb / 1e3 / raw:5.2f} GB/s)")
         print(f"  channel push+pull:  {protocol * 1e3:8.1f} ms  ratio raw/channel  {raw / protocol:4.2f}")
         print(f"  worker exchange:    {exchange * 1e3:8.1f} ms  ratio raw/exchange {raw / exchange:4.2f}")
     comm.Barrier()
+    raw_win.Unlock_all()
+    raw_win.Free()
     control.free()
     mailboxes.free()
 

@@ -85,8 +85,9 @@ def broadcast_parameters(
     items = sorted(params.items()) if isinstance(params, dict) else list(params)
     session = runtime().session
     if session is not None:
+        comm.Barrier()  # every worker is here, so no push is in flight while the server changes
         if comm.Get_rank() == root_rank:
-            session.requests.ask({"parameters": {name: t.detach().cpu() for name, t in items}})
+            session.requests.ask(session.state_for_server(items))
         session.register_buffers([t for _, t in items])
     for _, tensor in items:
         host = tensor.detach().to("cpu", copy=True).contiguous()
@@ -102,13 +103,16 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
-    """Load worker ``root_rank``'s optimizer state on every worker and, while
-    training, on the server, whose optimizer is the one that steps."""
+    """Load worker ``root_rank``'s optimizer state on every worker.
+
+    While training, the state that matters is the server's (its optimizer is
+    the one that steps): a ``DistributedOptimizer`` forwards ``load_state_dict``
+    to the server and answers ``state_dict()`` from it, so here the workers
+    only wait for each other."""
     comm = _worker_comm()
     if comm is None:
         return
-    state = optimizer.state_dict()
-    session = runtime().session
-    if session is not None and comm.Get_rank() == root_rank:
-        session.requests.ask({"optimizer_state": state})
-    optimizer.load_state_dict(broadcast_object(state, root_rank))
+    if runtime().session is not None and getattr(optimizer, "_session", None) is not None:
+        comm.Barrier()
+        return
+    optimizer.load_state_dict(broadcast_object(optimizer.state_dict(), root_rank))

@@ -8,23 +8,25 @@
  *
  * With sgd_step set, the plain-SGD server update follows -- w -= lr * g_c,
  * w_bak = w -- and grad is left as it is; otherwise grad becomes g_c.
+ * Each operation rounds as torch's reference implementation does (no
+ * contraction into FMA, 1/sqrt then a product), so g_c is bit-identical to it.
  */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
 void hvd_dcasgd_f32(float *grad, float *w, float *w_bak, float *mean_square, int64_t n,
-                    float lambda_0, float ms_momentum, float eps, float lr, int sgd_step, int threads)
+                    float lambda_0, float keep, float blend, float eps, float lr, int sgd_step, int threads)
 {
-    const float keep = ms_momentum, blend = 1.0f - ms_momentum;
-#pragma omp parallel for simd schedule(static) num_threads(threads)
+    /* keep = m and blend = 1 - m, each rounded to float32 by the caller */
+#pragma omp parallel for simd schedule(static) num_threads(threads) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
         const float g = grad[i];
         float lambda_t = lambda_0;
         if (mean_square != NULL) {
-            const float v = keep * mean_square[i] + blend * (g * g);
+            const float v = mean_square[i] * keep + (blend * g) * g;
             mean_square[i] = v;
-            lambda_t = lambda_0 / sqrtf(v + eps);
+            lambda_t = (1.0f / sqrtf(v + eps)) * lambda_0;
         }
         const float compensated = g + lambda_t * g * g * (w[i] - w_bak[i]);
         if (sgd_step) {

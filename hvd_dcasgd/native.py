@@ -3,9 +3,10 @@ compiler and loaded with ctypes: one pass over memory, vectorised and spread
 over the cores with OpenMP, where a chain of torch ops makes one pass per op.
 
 The library is cached (``HVD_DCASGD_CACHE``, default ``~/.cache/hvd_dcasgd``)
-under a name derived from its source, so it is built once per machine.  With
-no compiler, or with ``HVD_DCASGD_NATIVE=0``, :func:`dcasgd_f32` returns False
-and the caller uses its torch implementation.
+under a name derived from its source, the flags, the machine and the compiler,
+so it is built once per machine.  With no compiler (one warning line), or with
+``HVD_DCASGD_NATIVE=0``, :func:`dcasgd_f32` returns False and the caller uses
+its torch implementation.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -28,27 +31,33 @@ _library: Optional[ctypes.CDLL] = None
 _tried = False
 
 
+def _cache_dir() -> Path:
+    if os.environ.get("HVD_DCASGD_CACHE"):
+        return Path(os.environ["HVD_DCASGD_CACHE"])
+    try:
+        return Path.home() / ".cache" / "hvd_dcasgd"
+    except RuntimeError:  # no home directory
+        return Path(tempfile.gettempdir()) / "hvd_dcasgd"
+
+
 def _build() -> Optional[ctypes.CDLL]:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if os.environ.get("HVD_DCASGD_NATIVE", "1") == "0" or compiler is None:
-        return None
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + " ".join(FLAGS).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("HVD_DCASGD_CACHE", Path.home() / ".cache" / "hvd_dcasgd"))
-    target = cache / f"dcasgd_kernel_{digest}.so"
+    if compiler is None:
+        raise OSError("no C compiler (cc) found")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), platform.machine().encode(), version.encode()])
+    cache = _cache_dir()
+    target = cache / f"dcasgd_kernel_{hashlib.sha256(key).hexdigest()[:16]}.so"
     if not target.exists():
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=cache) as scratch:  # ranks may build at once
-                built = Path(scratch) / target.name
-                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
-                               check=True, capture_output=True, timeout=120)
-                os.replace(built, target)
-        except (OSError, subprocess.SubprocessError):
-            return None
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as scratch:  # ranks may build at once
+            built = Path(scratch) / target.name
+            subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"],
+                           check=True, capture_output=True, timeout=120)
+            os.replace(built, target)
     library = ctypes.CDLL(str(target))
     library.hvd_dcasgd_f32.restype = None
-    library.hvd_dcasgd_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_float] * 4 + [ctypes.c_int] * 2
+    library.hvd_dcasgd_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_float] * 5 + [ctypes.c_int] * 2
     return library
 
 
@@ -57,7 +66,12 @@ def library() -> Optional[ctypes.CDLL]:
     global _library, _tried
     if not _tried:
         _tried = True
-        _library = _build()
+        if os.environ.get("HVD_DCASGD_NATIVE", "1") != "0":
+            try:
+                _library = _build()
+            except (OSError, AttributeError, subprocess.SubprocessError) as exc:
+                print(f"hvd_dcasgd: warning: the C compensation kernel is unavailable ({exc}); "
+                      "using torch ops, which are slower", file=sys.stderr, flush=True)
     return _library
 
 
@@ -76,6 +90,7 @@ def dcasgd_f32(grad: torch.Tensor, weight: torch.Tensor, backup: torch.Tensor, m
     lib.hvd_dcasgd_f32(
         grad.data_ptr(), weight.data_ptr(), backup.data_ptr(),
         None if mean_square is None else mean_square.data_ptr(), weight.numel(),
-        lambda_0, mean_square_momentum, eps, 0.0 if lr is None else lr, int(lr is not None), torch.get_num_threads(),
+        lambda_0, mean_square_momentum, 1 - mean_square_momentum, eps, 0.0 if lr is None else lr, int(lr is not None),
+        torch.get_num_threads(),
     )
     return True

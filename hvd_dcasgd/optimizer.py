@@ -23,6 +23,7 @@ from .compression import Compression, Compressor
 from .errors import HvdDcasgdError
 from .layout import ModelLayout
 from .runtime import LOCAL, SERVER, runtime
+from .session import run_server, start_worker, to_cpu
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -80,6 +81,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             self._session.worker.exchange()
         return loss
+
+
+    def state_dict(self):
+        """While training, the server's optimizer state (its optimizer is the
+        one that steps), so that a checkpoint saved on a worker is complete."""
+        if self._session is not None and not self._session.finished:
+            return self._session.requests.ask({"kind": "optimizer_state"})
+        return super(self.__class__, self).state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        """Load here and, while training, on the server."""
+        super(self.__class__, self).load_state_dict(state_dict)
+        if self._session is not None and not self._session.finished:
+            self._session.requests.ask({"kind": "load_optimizer_state", "state": to_cpu(state_dict)})
 
 
 def _from_env(name: str, value):
@@ -155,8 +170,6 @@ def DistributedOptimizer(
     layout = ModelLayout.of(optimizer, named_parameters, model)
     wire_dtype = compression.wire(layout.dtype)
     if rt.role == SERVER:
-        from .session import run_server
-
         if rt.session is not None:
             raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
         trace = os.environ.get("HVD_DCASGD_TRACE") or trace
@@ -165,8 +178,6 @@ def DistributedOptimizer(
     wrapped = cls(optimizer.param_groups, backward_passes_per_step)
     wrapped.compensation = settings
     if rt.role != LOCAL:
-        from .session import start_worker
-
         if rt.session is not None:
             raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
         wrapped._session = start_worker(rt, wrapped, layout, settings, wire_dtype, model, check_finite)

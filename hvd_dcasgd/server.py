@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from . import native
 from .channel import ServerChannel
 from .compensation import Compensation, dcasgd_
 from .layout import ModelLayout, PushMessage, flatten_into
@@ -86,9 +87,9 @@ class ParameterServer:
             count = num_workers if compensation.per_worker_mean_square else 1
             self.mean_squares = [torch.zeros_like(self.weights) for _ in range(count)]
         self.fused_sgd = is_plain_sgd(optimizer)
+        native.library()  # build the kernel now, not inside the first update
         self.group_ranges = layout.group_ranges()
-        self.named_state = {spec.name: view for spec, view in zip(layout.params, layout.views(self.weights))}
-        self.named_state.update(extras or {})
+        self.extras = extras or {}
 
     # --- one update -----------------------------------------------------
     def _wire_gradient(self, worker: int) -> torch.Tensor:
@@ -175,19 +176,32 @@ class ParameterServer:
                 self.backups[m].copy_(self.weights)
             self._send(m)
 
-    def set_state(self, named: Dict[str, torch.Tensor]) -> int:
-        """Overwrite weights and buffers by name (a checkpoint restored on a
-        worker); every worker is about to hold them, so they become every
-        backup.  Returns how many names matched."""
-        matched = [name for name in named if name in self.named_state]
+    def set_state(self, params: Dict[int, torch.Tensor], extras: Dict[str, torch.Tensor]) -> None:
+        """Overwrite trained parameters (by index in the layout) and the rest
+        of the model's state (by name): a checkpoint restored on a worker.
+        Every worker is about to hold these weights, so they become every
+        backup.  All or nothing: a wrong index, name or shape changes nothing."""
+        views = self.layout.views(self.weights)
+        targets = [(views[i], t, self.layout.params[i].name) for i, t in params.items() if 0 <= i < len(views)]
+        targets += [(self.extras[n], t, n) for n, t in extras.items() if n in self.extras]
+        if len(targets) != len(params) + len(extras):
+            raise ValueError("hvd_dcasgd: the server's model has no such parameter or buffer")
+        for target, value, name in targets:
+            if target.shape != value.shape:
+                raise ValueError(f"hvd_dcasgd: {name!r} is {list(value.shape)}, the server's is {list(target.shape)}")
         with torch.no_grad():
-            for name in matched:
-                self.named_state[name].copy_(named[name])
-        if matched:
+            for target, value, _ in targets:
+                target.copy_(value)
+        if params:
             for m in range(self.channel.num_workers):
                 self.backups[m].copy_(self.weights)
                 self._send(m)
-        return len(matched)
+
+    def load_optimizer_state(self, state: Dict) -> None:
+        """Load a worker's optimizer state (a restored checkpoint) into the
+        optimizer that steps."""
+        self.optimizer.load_state_dict(state)
+        self.fused_sgd = is_plain_sgd(self.optimizer)
 
     # --- the loop ---------------------------------------------------------
     def serve(self, between_polls: Callable[[], None] = lambda: None) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -124,38 +124,55 @@ def combine_buffers(rt: Runtime, buffers: List[torch.Tensor]) -> None:
 CONTROL_TAG = 7301
 
 
+def to_cpu(value: Any) -> Any:
+    """``value`` (a state dict) with every tensor moved to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(v) for v in value)
+    return value
+
+
 class ControlRequests:
-    """Requests a worker makes of the server outside the push protocol --
-    Horovod's checkpoint-restore idiom (load on one worker, then broadcast) --
-    as point-to-point messages the server looks for while it polls."""
+    """Requests a worker makes of the server outside the push protocol -- the
+    server's optimizer state, Horovod's checkpoint-restore idiom -- as
+    point-to-point messages the server answers between polls."""
 
     def __init__(self, rt: Runtime, server: Optional[ParameterServer] = None):
         self.rt, self.server = rt, server
 
-    def ask(self, request: Dict[str, Any]) -> None:
-        """Worker side: send ``request`` to the server and wait for its answer."""
+    def ask(self, request: Dict[str, Any]) -> Any:
+        """Worker side: send ``request``, wait for the answer, return its result."""
         self.rt.world.send(request, dest=0, tag=CONTROL_TAG)
-        problem = self.rt.world.recv(source=0, tag=CONTROL_TAG)
+        problem, result = self.rt.world.recv(source=0, tag=CONTROL_TAG)
         if problem:
             raise HvdDcasgdError(problem)
+        return result
+
+    def _handle(self, request: Dict[str, Any]) -> Any:
+        kind = request["kind"]
+        if kind == "set_state":
+            return self.server.set_state(request["params"], request["extras"])
+        if kind == "load_optimizer_state":
+            return self.server.load_optimizer_state(request["state"])
+        if kind == "optimizer_state":
+            return to_cpu(self.server.optimizer.state_dict())
+        raise ValueError(f"unknown request {kind!r}")
 
     def answer(self) -> None:
-        """Server side: handle every pending request."""
+        """Server side: handle every pending request; a failure goes back to
+        the worker that asked, as its error, and leaves the server as it was."""
         status = self.rt.mpi.Status()
         while self.rt.world.Iprobe(source=self.rt.mpi.ANY_SOURCE, tag=CONTROL_TAG, status=status):
             source = status.Get_source()
             request = self.rt.world.recv(source=source, tag=CONTROL_TAG)
-            problem = None
-            if "parameters" in request:
-                if not self.server.set_state(request["parameters"]):
-                    problem = (
-                        "hvd_dcasgd: broadcast_parameters during training: the server knows none of the names "
-                        f"{sorted(request['parameters'])[:3]}...; pass named_parameters= (or model=) to "
-                        "DistributedOptimizer so that it can match them"
-                    )
-            if "optimizer_state" in request:
-                self.server.optimizer.load_state_dict(request["optimizer_state"])
-            self.rt.world.send(problem, dest=source, tag=CONTROL_TAG)
+            try:
+                reply = (None, self._handle(request))
+            except Exception as exc:  # reported to the worker, which raises it
+                reply = (f"hvd_dcasgd: the server could not {request.get('kind')}: {exc}", None)
+            self.rt.world.send(reply, dest=source, tag=CONTROL_TAG)
 
 
 class ServerSession:
@@ -168,6 +185,7 @@ class ServerSession:
     def finish(self) -> None:
         _broadcast(self.rt.world, list(self.extras.values()), root=1)
         _broadcast(self.rt.world, [self.server.weights], root=0)
+        self.rt.world.bcast(to_cpu(self.server.optimizer.state_dict()), root=0)
         self.control.free()
         self.mailboxes.free()
         self.server.telemetry.close()
@@ -190,6 +208,15 @@ class WorkerSession:
         known = {t.data_ptr() for t in self.buffers} | {p.data_ptr() for p in self.worker.params}
         self.buffers += [t for t in tensors if t.data_ptr() not in known and t.numel()]
 
+    def state_for_server(self, items: List[Tuple[str, torch.Tensor]]) -> Dict[str, Any]:
+        """A restore request for these state-dict entries: trained parameters
+        by their index in the layout (so no names are needed), the rest of the
+        model's state by name."""
+        index = {p.data_ptr(): i for i, p in enumerate(self.worker.params)}
+        params = {index[t.data_ptr()]: t.detach().cpu() for _, t in items if t.data_ptr() in index}
+        extras = {n: t.detach().cpu() for n, t in items if n in self.extras and t.data_ptr() not in index}
+        return {"kind": "set_state", "params": params, "extras": extras}
+
     def finish(self) -> None:
         self.finished = True
         self.worker.channel.leave()
@@ -198,6 +225,7 @@ class WorkerSession:
         _broadcast(self.rt.world, list(self.extras.values()), root=1)
         _broadcast(self.rt.world, [self.worker.weights], root=0)
         self.worker.load_weights()
+        self.worker.optimizer.load_state_dict(self.rt.world.bcast(None, root=0))
         self.control.free()
         self.mailboxes.free()
 

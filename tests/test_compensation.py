@@ -124,3 +124,20 @@ def test_native_kernel_is_used_for_float32_and_can_be_switched_off(tmp_path):
     assert list(tmp_path.glob("dcasgd_kernel_*.so")), "the library is cached"
     off = run([sys.executable, "-c", probe], env={**env, "HVD_DCASGD_NATIVE": "0"})
     assert off.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_native_kernel_rounds_like_the_reference(adaptive):
+    """Bit-identical where torch rounds exactly; torch's vectorised sqrt is not
+    correctly rounded, so lambda_t (adaptive) may differ in the last bit."""
+    assert native.library() is not None
+    ref = _random_case([100_003], 3)
+    fast = _random_case([100_003], 3)
+    kwargs = dict(lambda_0=2.0 if adaptive else 0.04, mean_square_momentum=0.95, eps=1e-7)
+    dcasgd_(ref[0], ref[1], ref[2], ref[3] if adaptive else None, foreach=False, fused=False, **kwargs)
+    assert native.dcasgd_f32(fast[0][0], fast[1][0], fast[2][0], fast[3][0] if adaptive else None, lr=None, **kwargs)
+    assert torch.equal(ref[3][0], fast[3][0]), "MeanSquare is bit-identical"
+    if adaptive:
+        assert torch.allclose(ref[0][0], fast[0][0], rtol=1e-6, atol=1e-6)
+    else:
+        assert torch.equal(ref[0][0], fast[0][0])

@@ -152,8 +152,10 @@ def test_horovod_helpers_work_among_the_workers(tmp_path):
         assert r["gathered"] == list(range(WORKERS))
         assert r["broadcast"] == [20]
         assert r["max"] == WORKERS - 1
-        assert r["weight"] == pytest.approx(rows[1]["weight"])
-        assert r["marker"] == 1.0
+        assert r["server_state_entries"] == 2, "momentum buffers of weight and bias, from the server"
+        assert r["weight_after_broadcast"] == pytest.approx(7.0 * 6)
+        assert r["final_weight"] == pytest.approx(7.0 * 6), "the restore reached the server"
+        assert r["final_momentum"] == 0.5 and r["final_state_entries"] == 2
 
 
 def test_one_worker_is_sequential_sgd_in_every_mode(tmp_path):

@@ -1,4 +1,6 @@
-"""Horovod's helpers among the workers, next to a running parameter server."""
+"""Horovod's helpers among the workers, next to a running parameter server,
+and the checkpoint-restore idiom (load on one worker, then broadcast) without
+named_parameters."""
 
 import json
 import os
@@ -10,8 +12,7 @@ import hvd_dcasgd as hvd
 
 hvd.init()
 model = torch.nn.Linear(3, 2)
-optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                     named_parameters=model.named_parameters())
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
 rank, size = hvd.rank(), hvd.size()
 result = {
     "rank": rank,
@@ -23,18 +24,24 @@ result = {
     "broadcast": hvd.broadcast(torch.tensor([10 * rank]), root_rank=2).tolist(),
     "max": hvd.allreduce(torch.tensor(float(rank)), op=hvd.Max).item(),
 }
-# after a step the workers hold different weights; broadcasting makes them worker 1's
 model.weight.grad = torch.full_like(model.weight, float(rank))
 model.bias.grad = torch.zeros_like(model.bias)
 optimizer.step()
-with torch.no_grad():
-    model.weight.add_(rank)  # make them differ for sure
+# worker 1 "restores a checkpoint": weights of its own and momentum 0.5
+state = optimizer.state_dict()  # the server's state: it is the optimizer that steps
+result["server_state_entries"] = len(state["state"])
+if rank == 1:
+    with torch.no_grad():
+        model.weight.fill_(7.0)
+    state["param_groups"][0]["momentum"] = 0.5
+    optimizer.load_state_dict(state)
 hvd.broadcast_parameters(model.state_dict(), root_rank=1)
-result["weight"] = model.weight.sum().item()
-optimizer.state[model.weight]["marker"] = torch.tensor(float(rank))
 hvd.broadcast_optimizer_state(optimizer, root_rank=1)
-result["marker"] = optimizer.state[model.weight]["marker"].item()
+result["weight_after_broadcast"] = model.weight.sum().item()
+hvd.shutdown()  # no step since the broadcast: the server's final weights are worker 1's
+result["final_weight"] = model.weight.sum().item()
+final_state = optimizer.state_dict()
+result["final_momentum"] = final_state["param_groups"][0]["momentum"]
+result["final_state_entries"] = len(final_state["state"])
 with open(os.path.join(sys.argv[1], f"result{rank}.json"), "w") as f:
     json.dump(result, f)
-hvd.shutdown()
-sys.exit(0)

@@ -3,7 +3,6 @@ with a single-process replay of the trace, sync = sequential SGD, lifecycle."""
 
 import json
 import sys
-from collections import Counter
 
 import pytest
 import torch

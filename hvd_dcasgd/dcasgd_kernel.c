@@ -6,8 +6,10 @@
  *
  *     g_c = g + lambda_t * g * g * (w - w_bak)
  *
- * With sgd_step set, the plain-SGD server update follows -- w -= lr * g_c,
- * w_bak = w -- and grad is left as it is; otherwise grad becomes g_c.
+ * With sgd_step set, torch.optim.SGD's step with g_c follows -- weight decay,
+ * then momentum (when momentum_buffer is given; first_step starts it from the
+ * gradient), Nesterov or not, then w -= lr * d -- and w_bak = w; grad is left
+ * as it is.  Otherwise grad becomes g_c.
  * Each operation rounds as torch's reference implementation does (no
  * contraction into FMA, 1/sqrt then a product), so g_c is bit-identical to it.
  */
@@ -15,26 +17,62 @@
 #include <stddef.h>
 #include <stdint.h>
 
-void hvd_dcasgd_f32(float *grad, float *w, float *w_bak, float *mean_square, int64_t n,
-                    float lambda_0, float keep, float blend, float eps, float lr, int sgd_step, int threads)
-{
-    /* keep = m and blend = 1 - m, each rounded to float32 by the caller */
-#pragma omp parallel for simd schedule(static) num_threads(threads) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        const float g = grad[i];
-        float lambda_t = lambda_0;
-        if (mean_square != NULL) {
-            const float v = mean_square[i] * keep + (blend * g) * g;
-            mean_square[i] = v;
-            lambda_t = (1.0f / sqrtf(v + eps)) * lambda_0;
-        }
-        const float compensated = g + lambda_t * g * g * (w[i] - w_bak[i]);
-        if (sgd_step) {
-            const float updated = w[i] - lr * compensated;
-            w[i] = updated;
-            w_bak[i] = updated;
-        } else {
-            grad[i] = compensated;
-        }
+#define PARAMETERS                                                                                    \
+    float *grad, float *w, float *w_bak, float *mean_square, float *momentum_buffer, int64_t n,         \
+    float lambda_0, float keep, float blend, float eps, float lr, float weight_decay, float momentum,   \
+    float undamped, int nesterov, int first_step, int threads
+
+/* One function per structural variant, so that each is a straight loop that
+ * the compiler vectorises (an OpenMP region is outlined once per function). */
+#define DEFINE_UPDATE(NAME, ADAPTIVE, SGD_STEP, WITH_MOMENTUM)                                        \
+    static void NAME(PARAMETERS)                                                                     \
+    {                                                                                                \
+        _Pragma("omp parallel for simd schedule(static) num_threads(threads) if (n > 65536)")       \
+        for (int64_t i = 0; i < n; i++) {                                                            \
+            const float g = grad[i];                                                                 \
+            float lambda_t = lambda_0;                                                               \
+            if (ADAPTIVE) {                                                                          \
+                const float v = mean_square[i] * keep + (blend * g) * g;                             \
+                mean_square[i] = v;                                                                  \
+                lambda_t = (1.0f / sqrtf(v + eps)) * lambda_0;                                       \
+            }                                                                                        \
+            const float compensated = g + lambda_t * g * g * (w[i] - w_bak[i]);                      \
+            if (!(SGD_STEP)) {                                                                       \
+                grad[i] = compensated;                                                               \
+            } else {                                                                                 \
+                float d = compensated + weight_decay * w[i]; /* exact when weight_decay is 0 */      \
+                if (WITH_MOMENTUM) {                                                                 \
+                    const float carried = momentum_buffer[i] * momentum + undamped * d;              \
+                    const float buf = first_step ? d : carried;                                      \
+                    momentum_buffer[i] = buf;                                                        \
+                    const float ahead = d + momentum * buf;                                          \
+                    d = nesterov ? ahead : buf;                                                      \
+                }                                                                                    \
+                const float updated = w[i] - lr * d;                                                 \
+                w[i] = updated;                                                                      \
+                w_bak[i] = updated;                                                                  \
+            }                                                                                        \
+        }                                                                                            \
     }
+
+DEFINE_UPDATE(compensate_constant, 0, 0, 0)
+DEFINE_UPDATE(compensate_adaptive, 1, 0, 0)
+DEFINE_UPDATE(step_constant, 0, 1, 0)
+DEFINE_UPDATE(step_adaptive, 1, 1, 0)
+DEFINE_UPDATE(momentum_step_constant, 0, 1, 1)
+DEFINE_UPDATE(momentum_step_adaptive, 1, 1, 1)
+
+void hvd_dcasgd_f32(PARAMETERS, int sgd_step)
+{
+    /* keep = m, blend = 1 - m and undamped = 1 - dampening, each rounded to float32 by the caller */
+    void (*variant)(PARAMETERS);
+    const int adaptive = mean_square != NULL;
+    if (!sgd_step)
+        variant = adaptive ? compensate_adaptive : compensate_constant;
+    else if (momentum_buffer == NULL)
+        variant = adaptive ? step_adaptive : step_constant;
+    else
+        variant = adaptive ? momentum_step_adaptive : momentum_step_constant;
+    variant(grad, w, w_bak, mean_square, momentum_buffer, n, lambda_0, keep, blend, eps, lr, weight_decay, momentum,
+            undamped, nesterov, first_step, threads);
 }

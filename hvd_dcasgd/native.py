@@ -57,7 +57,9 @@ def _build() -> Optional[ctypes.CDLL]:
             os.replace(built, target)
     library = ctypes.CDLL(str(target))
     library.hvd_dcasgd_f32.restype = None
-    library.hvd_dcasgd_f32.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] + [ctypes.c_float] * 5 + [ctypes.c_int] * 2
+    library.hvd_dcasgd_f32.argtypes = (
+        [ctypes.c_void_p] * 5 + [ctypes.c_int64] + [ctypes.c_float] * 8 + [ctypes.c_int] * 4
+    )
     return library
 
 
@@ -80,17 +82,22 @@ def _suitable(t: Optional[torch.Tensor]) -> bool:
 
 
 def dcasgd_f32(grad: torch.Tensor, weight: torch.Tensor, backup: torch.Tensor, mean_square: Optional[torch.Tensor],
-               lambda_0: float, mean_square_momentum: float, eps: float, lr: Optional[float]) -> bool:
+               lambda_0: float, mean_square_momentum: float, eps: float, lr: Optional[float],
+               weight_decay: float = 0.0, momentum: float = 0.0, dampening: float = 0.0, nesterov: bool = False,
+               momentum_buffer: Optional[torch.Tensor] = None, first_step: bool = False) -> bool:
     """Run the kernel in place if it is available and the tensors are
-    contiguous float32 on the CPU; return whether it ran."""
-    tensors = (grad, weight, backup, mean_square)
+    contiguous float32 on the CPU; return whether it ran.  With ``lr``, the
+    step is torch.optim.SGD's with these hyperparameters (``momentum_buffer``
+    when momentum is on; ``first_step`` starts it from the gradient)."""
+    tensors = (grad, weight, backup, mean_square, momentum_buffer)
     lib = library()
     if lib is None or not all(_suitable(t) for t in tensors):
         return False
+    pointer = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     lib.hvd_dcasgd_f32(
-        grad.data_ptr(), weight.data_ptr(), backup.data_ptr(),
-        None if mean_square is None else mean_square.data_ptr(), weight.numel(),
-        lambda_0, mean_square_momentum, 1 - mean_square_momentum, eps, 0.0 if lr is None else lr, int(lr is not None),
-        torch.get_num_threads(),
+        *map(pointer, tensors), weight.numel(),
+        lambda_0, mean_square_momentum, 1 - mean_square_momentum, eps,
+        0.0 if lr is None else lr, weight_decay, momentum, 1 - dampening, int(nesterov), int(first_step),
+        torch.get_num_threads(), int(lr is not None),
     )
     return True

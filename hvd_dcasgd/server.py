@@ -26,13 +26,16 @@ from .telemetry import Telemetry
 from .transport import Backoff, Mailboxes
 
 
+def is_sgd(optimizer: torch.optim.Optimizer) -> bool:
+    """True for ``torch.optim.SGD`` (descending): the C kernel takes its step
+    itself, momentum, Nesterov and weight decay included."""
+    return type(optimizer) is torch.optim.SGD and not any(g.get("maximize", False) for g in optimizer.param_groups)
+
+
 def is_plain_sgd(optimizer: torch.optim.Optimizer) -> bool:
-    """True for ``torch.optim.SGD`` without momentum or weight decay: the
-    update the fused compensation kernel performs by itself in one pass."""
-    return type(optimizer) is torch.optim.SGD and all(
-        g["momentum"] == 0 and g["weight_decay"] == 0 and not g.get("maximize", False)
-        for g in optimizer.param_groups
-    )
+    """True for SGD without momentum or weight decay: the update every
+    implementation of ``dcasgd_`` can take by itself, in one pass."""
+    return is_sgd(optimizer) and all(g["momentum"] == 0 and g["weight_decay"] == 0 for g in optimizer.param_groups)
 
 
 class ParameterServer:
@@ -86,8 +89,8 @@ class ParameterServer:
         if compensation.adaptive:
             count = num_workers if compensation.per_worker_mean_square else 1
             self.mean_squares = [torch.zeros_like(self.weights) for _ in range(count)]
-        self.fused_sgd = is_plain_sgd(optimizer)
         native.library()  # build the kernel now, not inside the first update
+        self._choose_update_path()
         self.group_ranges = layout.group_ranges()
         self.extras = extras or {}
 
@@ -112,6 +115,55 @@ class ParameterServer:
             self.staging.download(self.backups[worker], self.outboxes[worker])
         self.sent_at[worker] = self.updates
 
+    def _choose_update_path(self) -> None:
+        """One pass over memory where possible: the C kernel for SGD on window
+        memory in float32 (``native_sgd``; its momentum buffers become the optimizer's
+        state), ``dcasgd_`` with ``lr`` for plain SGD elsewhere; otherwise the
+        compensated gradient goes to the user's optimizer."""
+        self.native_sgd = (
+            is_sgd(self.optimizer) and self.staging is None and self.weights.dtype == torch.float32
+            and native.library() is not None
+        )
+        self.fused_sgd = self.native_sgd or is_plain_sgd(self.optimizer)
+        self.momentum_buffer = None
+        if not self.native_sgd or all(g["momentum"] == 0 for g in self.optimizer.param_groups):
+            return
+        self.momentum_buffer = torch.zeros_like(self.weights)
+        self.momentum_started = []
+        views = iter(self.layout.views(self.momentum_buffer))
+        for group in self.optimizer.param_groups:
+            pairs = [(p, next(views)) for p in group["params"]]
+            existing = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p, _ in pairs]
+            started = all(b is not None for b in existing) and bool(pairs)
+            for (p, view), buffer in zip(pairs, existing):
+                if started:
+                    view.copy_(buffer)
+                    self.optimizer.state[p]["momentum_buffer"] = view
+            self.momentum_started.append(started)
+
+    def _native_step(self, gradient, backup, mean_square, lambda_0: float) -> None:
+        """The whole update -- compensation and torch.optim.SGD's step -- in
+        one pass of the C kernel per param group."""
+        comp = self.compensation
+        views = self.layout.views(self.momentum_buffer) if self.momentum_buffer is not None else None
+        index = 0
+        for g, (group, (start, end)) in enumerate(zip(self.optimizer.param_groups, self.group_ranges)):
+            momentum = group["momentum"]
+            buffer = self.momentum_buffer[start:end] if momentum != 0 else None
+            native.dcasgd_f32(
+                gradient[start:end], self.weights[start:end], backup[start:end],
+                None if mean_square is None else mean_square[0][start:end],
+                lambda_0, comp.mean_square_momentum, comp.eps, group["lr"],
+                weight_decay=group["weight_decay"], momentum=momentum, dampening=group["dampening"],
+                nesterov=group["nesterov"], momentum_buffer=buffer,
+                first_step=buffer is not None and not self.momentum_started[g],
+            )
+            if buffer is not None and not self.momentum_started[g]:
+                self.momentum_started[g] = True
+                for i, p in enumerate(group["params"]):
+                    self.optimizer.state[p]["momentum_buffer"] = views[index + i]
+            index += len(group["params"])
+
     def _step(self, gradient: torch.Tensor, worker: int, lrs: Sequence[float]) -> None:
         """w <- optimizer step with the compensated gradient; w_bak(worker) <- w."""
         comp = self.compensation
@@ -120,6 +172,9 @@ class ParameterServer:
         backup = self.backups[worker]
         for group, lr in zip(self.optimizer.param_groups, lrs):
             group["lr"] = lr
+        if self.native_sgd:
+            self._native_step(gradient, backup, mean_square, lambda_0)
+            return
         if self.fused_sgd:
             for (start, end), lr in zip(self.group_ranges, lrs):
                 dcasgd_(
@@ -201,7 +256,7 @@ class ParameterServer:
         """Load a worker's optimizer state (a restored checkpoint) into the
         optimizer that steps."""
         self.optimizer.load_state_dict(state)
-        self.fused_sgd = is_plain_sgd(self.optimizer)
+        self._choose_update_path()
 
     # --- the loop ---------------------------------------------------------
     def serve(self, between_polls: Callable[[], None] = lambda: None) -> None:

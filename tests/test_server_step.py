@@ -11,7 +11,7 @@ from hvd_dcasgd.channel import ServerChannel, control_words
 from hvd_dcasgd.compensation import Compensation
 from hvd_dcasgd.layout import ModelLayout, PushMessage
 from hvd_dcasgd.mpi import load_mpi
-from hvd_dcasgd.server import ParameterServer, is_plain_sgd
+from hvd_dcasgd.server import ParameterServer, is_plain_sgd, is_sgd
 from hvd_dcasgd.telemetry import Telemetry
 from hvd_dcasgd.transport import ControlWords, Mailboxes
 
@@ -73,7 +73,9 @@ def test_async_updates_match_naive_reference(optimizer_name, mode, staged):
     device, messages through bounce buffers) with the CPU as the device."""
     server, model, reference, reference_optimizer, comp = _server(optimizer_name, mode, staged=staged)
     assert (server.staging is not None) == staged
-    assert server.fused_sgd == (optimizer_name == "sgd")
+    # on window memory the C kernel takes every SGD step; staged (a GPU's path), only plain SGD is one pass
+    assert server.native_sgd == (optimizer_name.startswith("sgd") and not staged)
+    assert server.fused_sgd == (server.native_sgd or optimizer_name == "sgd")
     params = list(reference.parameters())
     flat = lambda: torch.cat([p.detach().reshape(-1) for p in params])  # noqa: E731
     backups = [flat() for _ in range(WORKERS)]
@@ -151,8 +153,43 @@ def test_sync_round_averages_and_steps_once(staged):
         assert torch.equal(server.outboxes[m], server.weights)
 
 
-def test_plain_sgd_detection():
+def test_sgd_detection():
     params = [torch.nn.Parameter(torch.zeros(2))]
     assert is_plain_sgd(torch.optim.SGD(params, lr=0.1))
     assert not is_plain_sgd(torch.optim.SGD(params, lr=0.1, momentum=0.9))
-    assert not is_plain_sgd(torch.optim.Adam(params))
+    assert is_sgd(torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True))
+    assert not is_sgd(torch.optim.SGD(params, lr=0.1, maximize=True))
+    assert not is_sgd(torch.optim.Adam(params)) and not is_plain_sgd(torch.optim.Adam(params))
+
+
+def test_momentum_state_of_the_fused_path_is_the_optimizers_state():
+    """The C kernel's momentum buffers are what state_dict() shows, and a
+    loaded state (a restore) is what the kernel continues from."""
+    server, _, reference, reference_optimizer, _ = _server("sgd-momentum-wd", "none")
+    assert server.native_sgd
+    for i in range(3):
+        g = _push(server, i % WORKERS, seed=i, lrs=[0.1, 0.05])
+        server.apply(i % WORKERS)
+        offset = 0
+        for p in reference.parameters():
+            p.grad = g[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        reference_optimizer.step()
+    ours = server.optimizer.state_dict()["state"]
+    theirs = reference_optimizer.state_dict()["state"]
+    assert sorted(ours) == sorted(theirs) == [0, 1, 2, 3]
+    for k in theirs:
+        assert torch.allclose(ours[k]["momentum_buffer"], theirs[k]["momentum_buffer"], atol=1e-6)
+    restored = copy.deepcopy(reference_optimizer.state_dict())
+    for k in restored["state"]:
+        restored["state"][k]["momentum_buffer"].fill_(0.5)
+    server.load_optimizer_state(restored)
+    assert server.native_sgd and all(server.momentum_started)
+    assert torch.equal(server.momentum_buffer, torch.full_like(server.momentum_buffer, 0.5))
+    before = server.weights.clone()
+    server.messages[0].gradient.zero_()
+    server.apply(0)  # zero gradient: w <- w - lr * (momentum * 0.5 + wd * w)
+    n1 = sum(p.numel() for p in reference.fc1.parameters())
+    expected = torch.cat([before[:n1] - 0.1 * (0.9 * 0.5 + 1e-2 * before[:n1]),
+                          before[n1:] - 0.05 * (0.9 * 0.5 + 1e-2 * before[n1:])])
+    assert torch.allclose(server.weights, expected, atol=1e-6)

@@ -95,11 +95,11 @@ def _replay(records, args):
         ("adaptive", ["--optimizer", "adam", "--uneven"]),
         # compressed gradients magnify a last-bit difference in the weights into a
         # different rounding, so these runs use arithmetic the replay repeats bit for bit
-        ("constant", ["--compression", "fp16", "--accumulate", "--momentum", "0.9"]),
+        ("constant", ["--compression", "fp16", "--accumulate", "--optimizer", "adam"]),
         ("none", ["--compression", "bf16", "--clip", "--restore", "--optimizer", "adam"]),
     ],
     ids=["asgd", "constant-momentum-wd-schedule", "adaptive-fused", "adaptive-adam-uneven",
-         "constant-fp16-accumulate", "asgd-bf16-clip-restore"],
+         "constant-adam-fp16-accumulate", "asgd-adam-bf16-clip-restore"],
 )
 def test_equivalence_with_single_process_replay(tmp_path, mode, extra):
     args = synthetic.parse_args(["--compensation", mode, "--steps", str(STEPS), *extra])

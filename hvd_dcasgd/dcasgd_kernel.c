@@ -7,9 +7,10 @@
  *     g_c = g + lambda_t * g * g * (w - w_bak)
  *
  * With sgd_step set, torch.optim.SGD's step with g_c follows -- weight decay,
- * then momentum (when momentum_buffer is given; first_step starts it from the
- * gradient), Nesterov or not, then w -= lr * d -- and w_bak = w; grad is left
- * as it is.  Otherwise grad becomes g_c.
+ * then momentum when momentum_buffer is given (buf = carry * buf + undamped * d:
+ * the caller passes carry = 0 and undamped = 1 on the first step, which starts
+ * the buffer from d), Nesterov or not, then w -= lr * d -- and w_bak = w; grad
+ * is left as it is.  Otherwise grad becomes g_c.
  * Each operation rounds as torch's reference implementation does (no
  * contraction into FMA, 1/sqrt then a product), so g_c is bit-identical to it.
  */
@@ -18,13 +19,14 @@
 #include <stdint.h>
 
 #define PARAMETERS                                                                                    \
-    float *grad, float *w, float *w_bak, float *mean_square, float *momentum_buffer, int64_t n,         \
+    float *restrict grad, float *restrict w, float *restrict w_bak, float *restrict mean_square,         \
+    float *restrict momentum_buffer, int64_t n,                                                         \
     float lambda_0, float keep, float blend, float eps, float lr, float weight_decay, float momentum,   \
-    float undamped, int nesterov, int first_step, int threads
+    float carry, float undamped, int threads
 
 /* One function per structural variant, so that each is a straight loop that
  * the compiler vectorises (an OpenMP region is outlined once per function). */
-#define DEFINE_UPDATE(NAME, ADAPTIVE, SGD_STEP, WITH_MOMENTUM)                                        \
+#define DEFINE_UPDATE(NAME, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)                              \
     static void NAME(PARAMETERS)                                                                     \
     {                                                                                                \
         _Pragma("omp parallel for simd schedule(static) num_threads(threads) if (n > 65536)")       \
@@ -42,11 +44,9 @@
             } else {                                                                                 \
                 float d = compensated + weight_decay * w[i]; /* exact when weight_decay is 0 */      \
                 if (WITH_MOMENTUM) {                                                                 \
-                    const float carried = momentum_buffer[i] * momentum + undamped * d;              \
-                    const float buf = first_step ? d : carried;                                      \
+                    const float buf = momentum_buffer[i] * carry + undamped * d;                     \
                     momentum_buffer[i] = buf;                                                        \
-                    const float ahead = d + momentum * buf;                                          \
-                    d = nesterov ? ahead : buf;                                                      \
+                    d = (NESTEROV) ? d + momentum * buf : buf;                                       \
                 }                                                                                    \
                 const float updated = w[i] - lr * d;                                                 \
                 w[i] = updated;                                                                      \
@@ -55,14 +55,16 @@
         }                                                                                            \
     }
 
-DEFINE_UPDATE(compensate_constant, 0, 0, 0)
-DEFINE_UPDATE(compensate_adaptive, 1, 0, 0)
-DEFINE_UPDATE(step_constant, 0, 1, 0)
-DEFINE_UPDATE(step_adaptive, 1, 1, 0)
-DEFINE_UPDATE(momentum_step_constant, 0, 1, 1)
-DEFINE_UPDATE(momentum_step_adaptive, 1, 1, 1)
+DEFINE_UPDATE(compensate_constant, 0, 0, 0, 0)
+DEFINE_UPDATE(compensate_adaptive, 1, 0, 0, 0)
+DEFINE_UPDATE(step_constant, 0, 1, 0, 0)
+DEFINE_UPDATE(step_adaptive, 1, 1, 0, 0)
+DEFINE_UPDATE(momentum_step_constant, 0, 1, 1, 0)
+DEFINE_UPDATE(momentum_step_adaptive, 1, 1, 1, 0)
+DEFINE_UPDATE(nesterov_step_constant, 0, 1, 1, 1)
+DEFINE_UPDATE(nesterov_step_adaptive, 1, 1, 1, 1)
 
-void hvd_dcasgd_f32(PARAMETERS, int sgd_step)
+void hvd_dcasgd_f32(PARAMETERS, int nesterov, int sgd_step)
 {
     /* keep = m, blend = 1 - m and undamped = 1 - dampening, each rounded to float32 by the caller */
     void (*variant)(PARAMETERS);
@@ -71,8 +73,10 @@ void hvd_dcasgd_f32(PARAMETERS, int sgd_step)
         variant = adaptive ? compensate_adaptive : compensate_constant;
     else if (momentum_buffer == NULL)
         variant = adaptive ? step_adaptive : step_constant;
-    else
+    else if (!nesterov)
         variant = adaptive ? momentum_step_adaptive : momentum_step_constant;
+    else
+        variant = adaptive ? nesterov_step_adaptive : nesterov_step_constant;
     variant(grad, w, w_bak, mean_square, momentum_buffer, n, lambda_0, keep, blend, eps, lr, weight_decay, momentum,
-            undamped, nesterov, first_step, threads);
+            carry, undamped, threads);
 }

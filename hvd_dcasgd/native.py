@@ -58,7 +58,7 @@ def _build() -> Optional[ctypes.CDLL]:
     library = ctypes.CDLL(str(target))
     library.hvd_dcasgd_f32.restype = None
     library.hvd_dcasgd_f32.argtypes = (
-        [ctypes.c_void_p] * 5 + [ctypes.c_int64] + [ctypes.c_float] * 8 + [ctypes.c_int] * 4
+        [ctypes.c_void_p] * 5 + [ctypes.c_int64] + [ctypes.c_float] * 9 + [ctypes.c_int] * 3
     )
     return library
 
@@ -97,7 +97,8 @@ def dcasgd_f32(grad: torch.Tensor, weight: torch.Tensor, backup: torch.Tensor, m
     lib.hvd_dcasgd_f32(
         *map(pointer, tensors), weight.numel(),
         lambda_0, mean_square_momentum, 1 - mean_square_momentum, eps,
-        0.0 if lr is None else lr, weight_decay, momentum, 1 - dampening, int(nesterov), int(first_step),
-        torch.get_num_threads(), int(lr is not None),
+        0.0 if lr is None else lr, weight_decay, momentum,
+        0.0 if first_step else momentum, 1.0 if first_step else 1 - dampening,  # carry, undamped
+        torch.get_num_threads(), int(nesterov), int(lr is not None),
     )
     return True

@@ -55,9 +55,10 @@ class ParameterServer:
         extras: Optional[Dict[str, torch.Tensor]] = None,
     ):
         """``extras`` is the rest of the model's state by name (buffers, frozen
-        parameters), which a restore from a worker may set.  ``staged`` keeps the model and the backups on ``device`` and moves
-        messages through bounce buffers; the default, and the only way on a
-        GPU, is to stage exactly when ``device`` is not the CPU."""
+        parameters), which a restore from a worker may set.  ``staged`` keeps
+        the model and the backups on ``device`` and moves messages through
+        bounce buffers; the default, and the only way on a GPU, is to stage
+        exactly when ``device`` is not the CPU."""
         self.optimizer = optimizer
         self.layout = layout
         self.compensation = compensation
@@ -117,12 +118,14 @@ class ParameterServer:
 
     def _choose_update_path(self) -> None:
         """One pass over memory where possible: the C kernel for SGD on window
-        memory in float32 (``native_sgd``; its momentum buffers become the optimizer's
-        state), ``dcasgd_`` with ``lr`` for plain SGD elsewhere; otherwise the
-        compensated gradient goes to the user's optimizer."""
+        memory in float32 (``native_sgd``; its momentum buffers become the
+        optimizer's state), ``dcasgd_`` with ``lr`` for plain SGD elsewhere;
+        otherwise the compensated gradient goes to the user's optimizer (which
+        also is what skips frozen parameters under weight decay or momentum)."""
+        trained = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.native_sgd = (
             is_sgd(self.optimizer) and self.staging is None and self.weights.dtype == torch.float32
-            and native.library() is not None
+            and all(p.requires_grad for p in trained) and native.library() is not None
         )
         self.fused_sgd = self.native_sgd or is_plain_sgd(self.optimizer)
         self.momentum_buffer = None

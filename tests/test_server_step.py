@@ -193,3 +193,26 @@ def test_momentum_state_of_the_fused_path_is_the_optimizers_state():
     expected = torch.cat([before[:n1] - 0.1 * (0.9 * 0.5 + 1e-2 * before[:n1]),
                           before[n1:] - 0.05 * (0.9 * 0.5 + 1e-2 * before[n1:])])
     assert torch.allclose(server.weights, expected, atol=1e-6)
+
+
+def test_frozen_parameters_in_the_optimizer_do_not_move():
+    """torch skips parameters without a gradient, even under weight decay and
+    momentum; so does the server for parameters with requires_grad=False."""
+    mpi = load_mpi()
+    model = Net()
+    model.fc2.bias.requires_grad_(False)
+    frozen = model.fc2.bias.detach().clone()
+    optimizer = OPTIMIZERS["sgd-momentum-wd"](_groups(model))
+    layout = ModelLayout.of(optimizer, model.named_parameters(), model)
+    control = ControlWords(mpi, mpi.COMM_SELF, control_words(1))
+    nbytes = PushMessage(layout, torch.float32, storage=torch.empty(0, dtype=torch.uint8)).nbytes
+    mailboxes = Mailboxes(mpi, mpi.COMM_SELF, 1, nbytes, layout.numel * 4)
+    server = ParameterServer(optimizer, layout, Compensation("constant"), mailboxes, ServerChannel(control, mailboxes, 1),
+                             torch.float32, torch.device("cpu"), Telemetry(1))
+    assert not server.native_sgd
+    for i in range(3):
+        _push(server, 0, seed=i, lrs=[0.1, 0.05])
+        server.messages[0].gradient[-2:].zero_()  # the worker sends zeros for a parameter without a gradient
+        server.apply(0)
+    assert torch.equal(model.fc2.bias.detach(), frozen)
+    assert not torch.equal(model.fc2.weight.detach(), Net().fc2.weight.detach())

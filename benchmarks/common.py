@@ -1,10 +1,6 @@
-"""Helpers shared by the benchmarks: timing and a server on real windows."""
+"""Helpers shared by the benchmarks: a flat model and a server on real windows."""
 
 from __future__ import annotations
-
-import statistics
-import time
-from typing import Callable
 
 import torch
 
@@ -15,20 +11,6 @@ from hvd_dcasgd.mpi import load_mpi
 from hvd_dcasgd.server import ParameterServer
 from hvd_dcasgd.telemetry import Telemetry
 from hvd_dcasgd.transport import ControlWords, Mailboxes
-
-
-def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2, sync: Callable[[], object] = lambda: None) -> float:
-    """Median wall time of ``fn`` over ``repeats`` calls, after ``warmup``."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def flat_model(numel: int) -> torch.nn.Module:

@@ -18,4 +18,4 @@ fi
 # torch is pinned: this version's CPU build installs without a multi-GB download.
 .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
 .venv/bin/pip install -q --disable-pip-version-check -e '.[test]'
-.venv/bin/python -c "from mpi4py import MPI; print('hvd_dcasgd set up:', MPI.Get_library_version().splitlines()[0])"
+.venv/bin/python -c "from mpi4py import MPI; print('hvd_dcasgd set up:', MPI.Get_library_version().strip(chr(0)).splitlines()[0])"

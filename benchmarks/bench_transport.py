@@ -47,7 +47,7 @@ def main() -> None:
     model = torch.nn.Linear(1, args.numel, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     layout = ModelLayout.of(optimizer, model.named_parameters())
-    message_bytes = PushMessage(layout, torch.float32, storage=torch.empty(0, dtype=torch.uint8)).nbytes
+    message_bytes = PushMessage.size(layout, torch.float32)
     weight_bytes = layout.numel * 4
     rounds = args.repeats + 2  # the first two are warm-up
 

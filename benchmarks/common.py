@@ -26,7 +26,7 @@ def single_rank_server(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     mpi = load_mpi()
     layout = ModelLayout.of(optimizer, model.named_parameters())
     control = ControlWords(mpi, mpi.COMM_SELF, control_words(workers))
-    inbox = PushMessage(layout, layout.dtype, storage=torch.empty(0, dtype=torch.uint8)).nbytes
+    inbox = PushMessage.size(layout, layout.dtype)
     mailboxes = Mailboxes(mpi, mpi.COMM_SELF, workers, inbox, layout.numel * layout.dtype.itemsize)
     channel = ServerChannel(control, mailboxes, workers)
     server = ParameterServer(optimizer, layout, Compensation(mode), mailboxes, channel, layout.dtype, device,

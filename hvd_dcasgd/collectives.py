@@ -89,9 +89,14 @@ def broadcast_parameters(
         if comm.Get_rank() == root_rank:
             session.requests.ask(session.state_for_server(items))
         session.register_buffers([t for _, t in items])
-    for _, tensor in items:
+    broadcast_(comm, [t for _, t in items], root_rank)
+
+
+def broadcast_(comm: Any, tensors: Iterable[torch.Tensor], root: int) -> None:
+    """Broadcast ``tensors`` (any device) in place from ``root`` of ``comm``."""
+    for tensor in tensors:
         host = tensor.detach().to("cpu", copy=True).contiguous()
-        comm.Bcast(byte_view(host), root=root_rank)
+        comm.Bcast(byte_view(host), root=root)
         with torch.no_grad():
             tensor.copy_(host)
 

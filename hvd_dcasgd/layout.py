@@ -37,6 +37,11 @@ def _spec(name: str, t: torch.Tensor) -> TensorSpec:
     return TensorSpec(name, tuple(t.shape), str(t.dtype).replace("torch.", ""))
 
 
+def trained_parameters(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
+    """The optimizer's parameters, group after group: the flat buffer's order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
 def untrained_state(model: torch.nn.Module, trained: Sequence[torch.Tensor]) -> Dict[str, torch.Tensor]:
     """The entries of ``model``'s state the optimizer does not train: buffers
     (BatchNorm statistics) and frozen parameters, by name."""
@@ -92,7 +97,7 @@ class ModelLayout:
                     f"hvd_dcasgd: named_parameters does not name {len(missing)} of the optimizer's parameters "
                     f"(first: {missing[0]}); pass model.named_parameters() of the model the optimizer trains"
                 )
-        trained = [p for group in optimizer.param_groups for p in group["params"]]
+        trained = trained_parameters(optimizer)
         buffers = [_spec(n, t) for n, t in untrained_state(model, trained).items()] if model is not None else []
         return cls(params, group_sizes, buffers)
 
@@ -136,11 +141,20 @@ class PushMessage:
 
     def __init__(self, layout: ModelLayout, wire_dtype: torch.dtype, storage: Optional[torch.Tensor] = None):
         groups = len(layout.group_sizes)
-        self.header_bytes = (groups * 8 + HEADER_ALIGN - 1) // HEADER_ALIGN * HEADER_ALIGN
-        self.nbytes = self.header_bytes + layout.numel * wire_dtype.itemsize
+        self.header_bytes = self._header_bytes(layout)
+        self.nbytes = self.size(layout, wire_dtype)
         self.bytes = torch.zeros(self.nbytes, dtype=torch.uint8) if storage is None else storage[: self.nbytes]
         self.lrs = self.bytes[: groups * 8].view(torch.float64)
         self.gradient = self.bytes[self.header_bytes :].view(wire_dtype)
+
+    @staticmethod
+    def _header_bytes(layout: ModelLayout) -> int:
+        return (len(layout.group_sizes) * 8 + HEADER_ALIGN - 1) // HEADER_ALIGN * HEADER_ALIGN
+
+    @staticmethod
+    def size(layout: ModelLayout, wire_dtype: torch.dtype) -> int:
+        """Bytes of a push message (the size of an inbox)."""
+        return PushMessage._header_bytes(layout) + layout.numel * wire_dtype.itemsize
 
 
 def flatten_into(flat: torch.Tensor, views: Sequence[torch.Tensor], tensors: Sequence[Optional[torch.Tensor]]) -> None:

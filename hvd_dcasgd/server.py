@@ -20,7 +20,7 @@ import torch
 from . import native
 from .channel import ServerChannel
 from .compensation import Compensation, dcasgd_
-from .layout import ModelLayout, PushMessage, flatten_into
+from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from .staging import Staging
 from .telemetry import Telemetry
 from .transport import Backoff, Mailboxes
@@ -66,7 +66,7 @@ class ParameterServer:
         self.device = device
         self.telemetry = telemetry
         num_workers = channel.num_workers
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+        params = trained_parameters(optimizer)
         self.weights = torch.empty(layout.numel, dtype=layout.dtype, device=device)
         flatten_into(self.weights, layout.views(self.weights), [p.detach() for p in params])
         self.grad = torch.zeros_like(self.weights)
@@ -122,10 +122,9 @@ class ParameterServer:
         optimizer's state), ``dcasgd_`` with ``lr`` for plain SGD elsewhere;
         otherwise the compensated gradient goes to the user's optimizer (which
         also is what skips frozen parameters under weight decay or momentum)."""
-        trained = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.native_sgd = (
             is_sgd(self.optimizer) and self.staging is None and self.weights.dtype == torch.float32
-            and all(p.requires_grad for p in trained) and native.library() is not None
+            and all(p.requires_grad for p in trained_parameters(self.optimizer)) and native.library() is not None
         )
         self.fused_sgd = self.native_sgd or is_plain_sgd(self.optimizer)
         self.momentum_buffer = None

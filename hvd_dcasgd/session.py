@@ -20,7 +20,8 @@ import torch
 from .channel import ServerChannel, WorkerChannel, control_words
 from .compensation import Compensation
 from .errors import HvdDcasgdError
-from .layout import ModelLayout, PushMessage, byte_view, untrained_state
+from .collectives import broadcast_
+from .layout import ModelLayout, PushMessage, trained_parameters, untrained_state
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
 from .telemetry import Telemetry
@@ -67,7 +68,7 @@ def agree(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dty
 
 
 def _open_windows(rt: Runtime, layout: ModelLayout, wire_dtype: torch.dtype):
-    inbox_bytes = PushMessage(layout, wire_dtype, storage=torch.empty(0, dtype=torch.uint8)).nbytes
+    inbox_bytes = PushMessage.size(layout, wire_dtype)
     outbox_bytes = layout.numel * layout.dtype.itemsize
     try:
         control = ControlWords(rt.mpi, rt.world, control_words(rt.num_workers))
@@ -89,16 +90,7 @@ def _open_windows(rt: Runtime, layout: ModelLayout, wire_dtype: torch.dtype):
 def _extras(model: Optional[torch.nn.Module], optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
     if model is None:
         return {}
-    return untrained_state(model, [p for group in optimizer.param_groups for p in group["params"]])
-
-
-def _broadcast(comm: Any, tensors: List[torch.Tensor], root: int) -> None:
-    """Broadcast tensors (any device) from ``root`` of ``comm``, in place."""
-    for tensor in tensors:
-        host = tensor.detach().to("cpu", copy=True).contiguous()
-        comm.Bcast(byte_view(host), root=root)
-        with torch.no_grad():
-            tensor.copy_(host)
+    return untrained_state(model, trained_parameters(optimizer))
 
 
 def combine_buffers(rt: Runtime, buffers: List[torch.Tensor]) -> None:
@@ -183,8 +175,8 @@ class ServerSession:
         self.rt, self.server, self.control, self.mailboxes, self.extras = rt, server, control, mailboxes, extras
 
     def finish(self) -> None:
-        _broadcast(self.rt.world, list(self.extras.values()), root=1)
-        _broadcast(self.rt.world, [self.server.weights], root=0)
+        broadcast_(self.rt.world, list(self.extras.values()), root=1)
+        broadcast_(self.rt.world, [self.server.weights], root=0)
         self.rt.world.bcast(to_cpu(self.server.optimizer.state_dict()), root=0)
         self.control.free()
         self.mailboxes.free()
@@ -222,8 +214,8 @@ class WorkerSession:
         self.worker.channel.leave()
         self.worker.channel.wait_closed()
         combine_buffers(self.rt, self.buffers)
-        _broadcast(self.rt.world, list(self.extras.values()), root=1)
-        _broadcast(self.rt.world, [self.worker.weights], root=0)
+        broadcast_(self.rt.world, list(self.extras.values()), root=1)
+        broadcast_(self.rt.world, [self.worker.weights], root=0)
         self.worker.load_weights()
         self.worker.optimizer.load_state_dict(self.rt.world.bcast(None, root=0))
         self.control.free()
@@ -248,7 +240,7 @@ def run_server(
     extras = _extras(model, optimizer)
     server = ParameterServer(optimizer, layout, compensation, mailboxes, channel, wire_dtype, device, telemetry,
                              extras=extras)
-    _broadcast(rt.world, [server.weights, *extras.values()], root=0)
+    broadcast_(rt.world, [server.weights, *extras.values()], root=0)
     rt.session = ServerSession(rt, server, control, mailboxes, extras)
     server.serve(ControlRequests(rt, server).answer)
     session, rt.session = rt.session, None
@@ -271,7 +263,7 @@ def start_worker(
     channel = WorkerChannel(control, mailboxes, rt.worker_rank)
     worker = Worker(optimizer, layout, channel, wire_dtype, check_finite)
     extras = _extras(model, optimizer)
-    _broadcast(rt.world, [worker.weights, *extras.values()], root=0)
+    broadcast_(rt.world, [worker.weights, *extras.values()], root=0)
     worker.load_weights()
     session = WorkerSession(rt, worker, control, mailboxes, extras)
     rt.session = session

@@ -15,7 +15,7 @@ import torch
 
 from .channel import WorkerChannel
 from .errors import HvdDcasgdError
-from .layout import ModelLayout, PushMessage, byte_view, flatten_into
+from .layout import ModelLayout, PushMessage, byte_view, flatten_into, trained_parameters
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -40,7 +40,7 @@ class Worker:
         self.layout = layout
         self.channel = channel
         self.check_finite = check_finite
-        self.params: List[torch.Tensor] = [p for g in optimizer.param_groups for p in g["params"]]
+        self.params: List[torch.Tensor] = trained_parameters(optimizer)
         self.message = PushMessage(layout, wire_dtype)
         self.gradient_views = layout.views(self.message.gradient)
         self.weights = torch.empty(layout.numel, dtype=layout.dtype)

@@ -46,7 +46,7 @@ def _server(optimizer_name, mode, wire=torch.float32, per_worker=False, staged=F
     reference_optimizer = OPTIMIZERS[optimizer_name](_groups(reference))
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
     control = ControlWords(mpi, mpi.COMM_SELF, control_words(WORKERS))
-    nbytes = PushMessage(layout, wire, storage=torch.empty(0, dtype=torch.uint8)).nbytes
+    nbytes = PushMessage.size(layout, wire)
     mailboxes = Mailboxes(mpi, mpi.COMM_SELF, WORKERS, nbytes, layout.numel * 4)
     channel = ServerChannel(control, mailboxes, WORKERS)
     comp = Compensation(mode, per_worker_mean_square=per_worker)
@@ -205,7 +205,7 @@ def test_frozen_parameters_in_the_optimizer_do_not_move():
     optimizer = OPTIMIZERS["sgd-momentum-wd"](_groups(model))
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
     control = ControlWords(mpi, mpi.COMM_SELF, control_words(1))
-    nbytes = PushMessage(layout, torch.float32, storage=torch.empty(0, dtype=torch.uint8)).nbytes
+    nbytes = PushMessage.size(layout, torch.float32)
     mailboxes = Mailboxes(mpi, mpi.COMM_SELF, 1, nbytes, layout.numel * 4)
     server = ParameterServer(optimizer, layout, Compensation("constant"), mailboxes, ServerChannel(control, mailboxes, 1),
                              torch.float32, torch.device("cpu"), Telemetry(1))

@@ -21,11 +21,12 @@ from .collectives import (
     broadcast_object,
     broadcast_optimizer_state,
     broadcast_parameters,
+    join,
 )
 from .compensation import MODES, Compensation, dcasgd_
 from .compression import Compression
 from .errors import HvdDcasgdError
-from .optimizer import DistributedOptimizer
+from .optimizer import METHODS, DistributedOptimizer
 from .runtime import init, is_initialized, is_server, local_rank, local_size, rank, shutdown, size
 
 __version__ = "0.1.0"
@@ -41,6 +42,7 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "HvdDcasgdError",
+    "METHODS",
     "MODES",
     "Sum",
     "allreduce",
@@ -50,6 +52,7 @@ __all__ = [
     "broadcast_parameters",
     "dcasgd_",
     "init",
+    "join",
     "is_initialized",
     "is_server",
     "local_rank",

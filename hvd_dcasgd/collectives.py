@@ -5,7 +5,9 @@
 workers.  Every worker starts from the server's weights anyway; called after
 ``DistributedOptimizer`` the broadcasts also reach the server, so that
 Horovod's checkpoint-restore idiom works.  On the server and when training
-locally they do nothing.
+locally they do nothing.  They run over MPI with or without Horovod and give
+the same answers as Horovod's own calls among the workers; ``join`` is
+Horovod's own when Horovod is running.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def broadcast_parameters(
         return
     items = sorted(params.items()) if isinstance(params, dict) else list(params)
     session = runtime().session
-    if session is not None:
+    if session is not None and session.server_holds_weights:
         comm.Barrier()  # every worker is here, so no push is in flight while the server changes
         if comm.Get_rank() == root_rank:
             session.requests.ask(session.state_for_server(items))
@@ -99,6 +101,19 @@ def broadcast_(comm: Any, tensors: Iterable[torch.Tensor], root: int) -> None:
         comm.Bcast(byte_view(host), root=root)
         with torch.no_grad():
             tensor.copy_(host)
+
+
+def join(device: int = -1) -> int:
+    """Wait until every worker has called ``join``; return the rank of the
+    worker that joined last (Horovod's ``join``, for uneven data)."""
+    rt = runtime()
+    if rt.role != WORKER:
+        return 0
+    if rt.horovod is not None:
+        return rt.horovod.join(device)
+    arrival = rt.join_counter.next()
+    last = rt.worker_rank if arrival % rt.num_workers == rt.num_workers - 1 else -1
+    return rt.workers.allreduce(last, op=rt.mpi.MAX)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:

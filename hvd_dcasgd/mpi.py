@@ -1,10 +1,12 @@
 """Loads mpi4py's ``MPI`` module with the thread level this project needs.
 
-Open MPI's one-sided component over TCP (osc/pt2pt) refuses
-``MPI_THREAD_MULTIPLE``, mpi4py's default, so unless the user already imported
-``mpi4py.MPI`` we initialise MPI as ``serialized``: every MPI call of this
-package comes from the thread that runs the training loop or the server.
-``HVD_DCASGD_THREAD_LEVEL`` overrides the choice.
+Horovod's background thread calls MPI while the training loop makes its own
+one-sided calls, so when the workers run as a Horovod job MPI must start at
+``MPI_THREAD_MULTIPLE`` (mpi4py's default).  Without Horovod we initialise MPI
+as ``serialized``: Open MPI's one-sided component over TCP (osc/pt2pt) refuses
+``MULTIPLE``, and every MPI call of this package comes from one thread.
+``HVD_DCASGD_THREAD_LEVEL`` overrides the choice; a user who imported
+``mpi4py.MPI`` first keeps the level they chose.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from types import ModuleType
 
 from .errors import HvdDcasgdError
+from .horovod import horovod_wanted
 
 INSTALL_HINT = (
     "install Open MPI and mpi4py (Debian: `apt-get install openmpi-bin libopenmpi-dev`, "
@@ -28,7 +31,8 @@ def load_mpi() -> ModuleType:
             import mpi4py
         except ImportError as exc:
             raise HvdDcasgdError(f"hvd_dcasgd needs mpi4py, which is not installed: {INSTALL_HINT}.") from exc
-        mpi4py.rc.thread_level = os.environ.get("HVD_DCASGD_THREAD_LEVEL", "serialized")
+        default = "multiple" if horovod_wanted() else "serialized"
+        mpi4py.rc.thread_level = os.environ.get("HVD_DCASGD_THREAD_LEVEL", default)
     try:
         from mpi4py import MPI
     except (ImportError, RuntimeError) as exc:

@@ -6,7 +6,9 @@ the user's optimizer class, gradient hooks that count backward passes, and
 gradients to the parameter server and loads the weights it answers with; the
 server runs the user's optimizer on the compensated gradient.  On the server
 rank, building the optimizer *is* running the server: it serves until every
-worker has finished, then exits with status 0.
+worker has finished, then exits with status 0.  The ``horovod`` method is the
+baseline: Horovod's own synchronous ``DistributedOptimizer`` among the
+workers, the server rank idle.
 """
 
 from __future__ import annotations
@@ -17,13 +19,19 @@ from typing import Iterable, Iterator, Optional, Tuple, Type
 
 import torch
 
-from .collectives import Average
-from .compensation import Compensation
+from .collectives import Adasum, Average, Sum
+from .compensation import MODES, Compensation
 from .compression import Compression, Compressor
 from .errors import HvdDcasgdError
+from .horovod import require_horovod
 from .layout import ModelLayout
-from .runtime import LOCAL, SERVER, runtime
-from .session import run_server, start_worker, to_cpu
+from .runtime import LOCAL, SERVER, WORKER, Runtime, runtime
+from .session import HorovodSession, idle_server, run_server, start_worker, to_cpu
+
+#: Every training method: the server's modes (``none`` is ASGD, ``sync`` is
+#: SSGD, ``constant``/``adaptive`` are DC-ASGD-c/-a) and ``horovod``,
+#: Horovod's own synchronous allreduce among the workers.
+METHODS = MODES + ("horovod",)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -141,8 +149,10 @@ def DistributedOptimizer(
     """Wrap ``optimizer`` for asynchronous training with delay compensation.
 
     ``compensation``: ``"adaptive"`` (DC-ASGD-a), ``"constant"`` (DC-ASGD-c),
-    ``"none"`` (ASGD) or ``"sync"`` (synchronous SGD); ``HVD_DCASGD_COMPENSATION``
-    and ``HVD_DCASGD_LAMBDA`` override ``compensation`` and ``lambda_0``.
+    ``"none"`` (ASGD), ``"sync"`` (synchronous SGD on the server) or
+    ``"horovod"`` (Horovod's own ``DistributedOptimizer``, which then gets
+    every Horovod argument); ``HVD_DCASGD_COMPENSATION`` and
+    ``HVD_DCASGD_LAMBDA`` override ``compensation`` and ``lambda_0``.
     Horovod's ``gradient_predivide_factor``, ``num_groups``, ``groups``,
     ``sparse_as_dense`` and ``process_set`` are accepted and have no effect
     (one flat message carries every gradient, dense); ``op`` must be Average.
@@ -153,6 +163,13 @@ def DistributedOptimizer(
     server's device, CUDA when it has one.  See the README for every option.
     """
     rt = runtime()
+    method = _from_env("HVD_DCASGD_COMPENSATION", compensation)
+    _agree_on_method(rt, method)
+    if method == "horovod":
+        return _horovod_optimizer(
+            rt, optimizer, named_parameters, compression, backward_passes_per_step, op,
+            gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
+        )
     if op != Average:
         raise HvdDcasgdError(
             f"hvd_dcasgd: op={op!r} is not supported: the parameter server applies each worker's gradient "
@@ -161,7 +178,7 @@ def DistributedOptimizer(
     if backward_passes_per_step < 1:
         raise HvdDcasgdError("hvd_dcasgd: backward_passes_per_step must be at least 1")
     settings = Compensation(
-        mode=_from_env("HVD_DCASGD_COMPENSATION", compensation),
+        mode=method,
         lambda_0=_from_env("HVD_DCASGD_LAMBDA", lambda_0),
         mean_square_momentum=mean_square_momentum,
         eps=eps,
@@ -177,8 +194,73 @@ def DistributedOptimizer(
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, backward_passes_per_step)
     wrapped.compensation = settings
+    wrapped.method = method
     if rt.role != LOCAL:
         if rt.session is not None:
             raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
         wrapped._session = start_worker(rt, wrapped, layout, settings, wire_dtype, model, check_finite)
+    return wrapped
+
+
+def _agree_on_method(rt: Runtime, method: str) -> None:
+    """Every rank must run the same method, and Horovod's baseline needs
+    Horovod on every worker: otherwise the same clear error on every rank."""
+    if method not in METHODS:
+        raise HvdDcasgdError(f"hvd_dcasgd: unknown compensation {method!r}; choose one of {', '.join(METHODS)}")
+    if rt.role == LOCAL:
+        if method == "horovod":
+            require_horovod(rt.horovod, 'compensation="horovod"')
+        return
+    answers = rt.world.allgather((method, rt.role == SERVER or rt.horovod is not None))
+    methods = sorted({m for m, _ in answers})
+    if len(methods) > 1:
+        raise HvdDcasgdError(
+            f"hvd_dcasgd: the ranks were asked for different methods ({', '.join(methods)}); "
+            "set the same compensation (or HVD_DCASGD_COMPENSATION) on every rank.",
+            collective=True,
+        )
+    if method == "horovod" and not all(ready for _, ready in answers):
+        require_horovod(None, 'compensation="horovod" on every worker')
+
+
+_HOROVOD_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum"}
+
+
+def _horovod_optimizer(
+    rt: Runtime,
+    optimizer: torch.optim.Optimizer,
+    named_parameters,
+    compression: Type[Compressor],
+    backward_passes_per_step: int,
+    op: str,
+    gradient_predivide_factor: float,
+    num_groups: int,
+    groups,
+    sparse_as_dense: bool,
+    process_set,
+) -> torch.optim.Optimizer:
+    """Horovod's ``DistributedOptimizer`` among the workers; on the server
+    rank, idle until the workers finish, then exit with status 0."""
+    if rt.role == SERVER:
+        idle_server(rt)
+    horovod = rt.horovod
+    name = next((n for n in ("none", "fp16", "bf16") if getattr(Compression, n) is compression), None)
+    if name is None or not hasattr(horovod.Compression, name) or op not in _HOROVOD_OPS:
+        raise HvdDcasgdError(f"hvd_dcasgd: Horovod has no {name or compression.__name__} compression or {op!r} op")
+    options = {} if process_set is None else {"process_set": process_set}
+    wrapped = horovod.DistributedOptimizer(
+        optimizer,
+        named_parameters=named_parameters,
+        compression=getattr(horovod.Compression, name),
+        backward_passes_per_step=backward_passes_per_step,
+        op=getattr(horovod, _HOROVOD_OPS[op]),
+        gradient_predivide_factor=gradient_predivide_factor,
+        num_groups=num_groups,
+        groups=groups,
+        sparse_as_dense=sparse_as_dense,
+        **options,
+    )
+    wrapped.method = "horovod"
+    if rt.role == WORKER:
+        rt.session = HorovodSession(rt)
     return wrapped

@@ -3,7 +3,9 @@
 Launched with N+1 MPI ranks, rank 0 becomes the parameter server and ranks
 1..N the workers.  ``rank()`` and ``size()`` answer as Horovod would among
 the workers (worker index, number of workers), so existing data sharding works
-unchanged.  Launched as one process, the script trains locally.
+unchanged; when Horovod is installed the workers also start it on their own
+communicator, so Horovod's answers are the same.  Launched as one process,
+the script trains locally.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .errors import HvdDcasgdError
+from .horovod import start_horovod
 from .mpi import load_mpi
 
 SERVER, WORKER, LOCAL = "server", "worker", "local"
@@ -35,6 +38,8 @@ class Runtime:
     local_rank: int = 0
     local_size: int = 1
     session: Any = None  # the running worker or server session, if any
+    horovod: Any = None  # horovod.torch, running among the workers, if installed
+    join_counter: Any = None  # arrivals at join() when Horovod is not running
 
 
 _runtime: Optional[Runtime] = None
@@ -76,7 +81,7 @@ def init(comm: Any = None) -> None:
         return
     world = (comm if comm is not None else mpi.COMM_WORLD).Dup()
     if world.Get_size() == 1:
-        _runtime = Runtime(role=LOCAL, mpi=mpi, world=world, workers=world)
+        _runtime = Runtime(role=LOCAL, mpi=mpi, world=world, workers=world, horovod=start_horovod(mpi, world))
         _warn_local("running as a single process with no parameter server")
         return
     is_server = world.Get_rank() == 0
@@ -93,6 +98,12 @@ def init(comm: Any = None) -> None:
         local_size=1 if is_server else node.Get_size(),
     )
     node.Free()
+    if not is_server:
+        _runtime.horovod = start_horovod(mpi, workers)
+        if _runtime.horovod is None:
+            from mpi4py.util.sync import Counter
+
+            _runtime.join_counter = Counter(comm=workers)
     atexit.register(shutdown)
     sys.excepthook = _abort_on_uncaught(sys.excepthook, world)
 
@@ -126,9 +137,14 @@ def shutdown() -> None:
     part in the final exchange (buffers averaged, final weights broadcast).
     Called automatically at exit; safe to call more than once.
     """
-    if _runtime is not None and _runtime.session is not None:
+    if _runtime is None:
+        return
+    if _runtime.session is not None:
         session, _runtime.session = _runtime.session, None
         session.finish()
+    if _runtime.join_counter is not None:
+        counter, _runtime.join_counter = _runtime.join_counter, None
+        counter.free()
 
 
 def rank() -> int:

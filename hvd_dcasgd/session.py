@@ -12,6 +12,7 @@ are broadcast, so a model saved on any rank evaluates alike.
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import asdict
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -187,6 +188,8 @@ class ServerSession:
 class WorkerSession:
     """A worker's side of a session: the exchange object, and how to finish."""
 
+    server_holds_weights = True  # broadcasts while training also reach the server
+
     def __init__(self, rt: Runtime, worker: Worker, control: ControlWords, mailboxes: Mailboxes,
                  extras: Dict[str, torch.Tensor]):
         self.rt, self.worker, self.control, self.mailboxes, self.extras = rt, worker, control, mailboxes, extras
@@ -220,6 +223,31 @@ class WorkerSession:
         self.worker.optimizer.load_state_dict(self.rt.world.bcast(None, root=0))
         self.control.free()
         self.mailboxes.free()
+
+
+class HorovodSession:
+    """Horovod's synchronous baseline on a worker: the workers allreduce among
+    themselves; finishing only releases the idle server rank."""
+
+    server_holds_weights = False
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self.finished = False
+
+    def finish(self) -> None:
+        self.finished = True
+        self.rt.world.Ibarrier().Wait()
+
+
+def idle_server(rt: Runtime) -> None:
+    """The server rank in Horovod's baseline: nothing to serve.  Wait, sleeping
+    rather than spinning so the workers keep the CPU, until every worker has
+    finished, then exit with status 0."""
+    finished = rt.world.Ibarrier()
+    while not finished.Test():
+        time.sleep(0.05)
+    sys.exit(0)
 
 
 def run_server(

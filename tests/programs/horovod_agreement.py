@@ -1,0 +1,71 @@
+"""hvd_dcasgd's Horovod-style calls among the workers, checked against
+Horovod's own answers (with ``compare``) or on their own (without Horovod).
+
+    mpirun -np 3 python horovod_agreement.py METHOD compare|alone
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+import hvd_dcasgd as hvd
+
+method, mode = sys.argv[1], sys.argv[2]
+hvd.init()
+if hvd.is_server() and mode == "compare":
+    import horovod.torch as horovod
+
+    assert not horovod.is_initialized(), "the server rank must stay out of Horovod"
+
+model = torch.nn.Linear(4, 3)
+torch.manual_seed(hvd.rank())  # different on every worker, until broadcast
+with torch.no_grad():
+    for p in model.parameters():
+        p.normal_()
+optimizer = hvd.DistributedOptimizer(
+    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), named_parameters=model.named_parameters(), compensation=method
+)
+assert optimizer.method == method
+
+results = {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size()}
+values = torch.arange(6.0).view(2, 3) * (hvd.rank() + 1)
+for op in ("Average", "Sum", "Min", "Max"):
+    results[f"allreduce_{op}"] = hvd.allreduce(values, op=getattr(hvd, op), name=f"r{op}").tolist()
+results["allgather"] = hvd.allgather(values[: hvd.rank() + 1], name="g").tolist()
+results["broadcast"] = hvd.broadcast(values, root_rank=1, name="b").tolist()
+results["broadcast_object"] = hvd.broadcast_object({"from": hvd.rank()}, root_rank=1)
+
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+for _ in range(3):
+    optimizer.zero_grad()
+    model(torch.ones(2, 4) * (hvd.rank() + 1)).sum().backward()
+    optimizer.step()
+hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+time.sleep(0.3 * hvd.rank())  # the last worker joins last
+results["join"] = hvd.join()
+
+if mode == "compare":
+    import horovod.torch as horovod
+
+    expected = {"rank": horovod.rank(), "size": horovod.size(), "local_rank": horovod.local_rank(),
+                "local_size": horovod.local_size()}
+    for op in ("Average", "Sum", "Min", "Max"):
+        expected[f"allreduce_{op}"] = horovod.allreduce(values, op=getattr(horovod, op), name=f"h{op}").tolist()
+    expected["allgather"] = horovod.allgather(values[: hvd.rank() + 1], name="hg").tolist()
+    expected["broadcast"] = horovod.broadcast(values, root_rank=1, name="hb").tolist()
+    expected["broadcast_object"] = horovod.broadcast_object({"from": hvd.rank()}, root_rank=1)
+    time.sleep(0.3 * hvd.rank())
+    expected["join"] = horovod.join()
+    mismatches = {k: (results[k], expected[k]) for k in expected if results[k] != expected[k]}
+    assert not mismatches, f"worker {hvd.rank()}: hvd_dcasgd and Horovod disagree: {mismatches}"
+else:
+    assert results["join"] == hvd.size() - 1, results["join"]
+
+if method == "horovod":  # synchronous: every worker holds the same weights
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()]).unsqueeze(0)
+    gathered = hvd.allgather(flat)
+    assert torch.equal(gathered.min(0).values, gathered.max(0).values), "Horovod's workers diverged"
+print("AGREE " + json.dumps(results, sort_keys=True), flush=True)

@@ -1,0 +1,126 @@
+"""Horovod integration: the workers as a Horovod job, the Horovod baseline,
+and the drop-in example under ``horovodrun`` and ``mpirun``.
+
+Everything that needs Horovod is skipped, with the reason, where Horovod is
+not installed (``bash .ci/setup.sh`` builds it); what must work without it
+runs with the integration turned off (``HVD_DCASGD_HOROVOD=0``).
+"""
+
+import difflib
+import importlib.util
+import os
+import re
+import shutil
+import sys
+
+import pytest
+
+from conftest import PROGRAMS, ROOT, mpirun, run
+
+HOROVOD_INSTALLED = importlib.util.find_spec("horovod") is not None
+needs_horovod = pytest.mark.skipif(
+    not HOROVOD_INSTALLED,
+    reason="Horovod is not installed: `bash .ci/setup.sh` builds it (HVD_DCASGD_WITHOUT_HOROVOD=1 skipped it)",
+)
+AGREEMENT = PROGRAMS / "horovod_agreement.py"
+PLAIN = ROOT / "examples" / "pytorch_digits_horovod.py"
+OURS = ROOT / "examples" / "pytorch_digits.py"
+WITHOUT_HOROVOD = {"HVD_DCASGD_HOROVOD": "0"}
+
+
+def horovodrun(np, program, *args, env=None, timeout=240):
+    """``horovodrun -np np python program args`` on this host."""
+    binary = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    cmd = [binary, "-np", str(np), "-H", f"localhost:{np}", sys.executable, str(program), *map(str, args)]
+    return run(cmd, env=env, timeout=timeout)
+
+
+def final_accuracy(output: str) -> float:
+    """The last test accuracy worker 0 printed, as a fraction."""
+    found = re.findall(r"Accuracy: ([0-9.]+)%", output)
+    assert found, output[-3000:]
+    return float(found[-1]) / 100
+
+
+def agreement(output: str, workers: int):
+    lines = [line for line in output.splitlines() if "AGREE " in line]
+    assert len(lines) == workers, output[-3000:]
+
+
+@needs_horovod
+def test_horovod_was_built_for_pytorch_and_mpi():
+    result = run([os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--check-build"], timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert re.search(r"\[X\] PyTorch", result.stdout), result.stdout
+    assert re.search(r"\[X\] MPI", result.stdout), result.stdout
+
+
+@needs_horovod
+@pytest.mark.parametrize("method", ["adaptive", "horovod"])
+def test_workers_are_a_horovod_job_and_agree_with_horovod_under_mpirun(method):
+    result = mpirun(3, AGREEMENT, method, "compare", timeout=180)
+    assert result.returncode == 0, result.stdout[-4000:]
+    agreement(result.stdout, 2)
+
+
+@needs_horovod
+def test_workers_are_a_horovod_job_under_horovodrun():
+    result = horovodrun(3, AGREEMENT, "constant", "compare")
+    assert result.returncode == 0, result.stdout[-4000:]
+    agreement(result.stdout, 2)
+
+
+def test_collectives_and_join_work_without_horovod():
+    result = mpirun(4, AGREEMENT, "none", "alone", env=WITHOUT_HOROVOD, timeout=180)
+    assert result.returncode == 0, result.stdout[-4000:]
+    agreement(result.stdout, 3)
+
+
+def test_horovod_baseline_without_horovod_is_a_clear_error_on_every_rank():
+    result = mpirun(3, AGREEMENT, "horovod", "alone", env=WITHOUT_HOROVOD, timeout=120)
+    assert result.returncode != 0
+    assert result.stdout.count('compensation="horovod" on every worker needs Horovod') == 3, result.stdout[-3000:]
+
+
+def test_the_drop_in_example_differs_from_horovods_by_its_import_only():
+    plain, ours = PLAIN.read_text().splitlines(), OURS.read_text().splitlines()
+    changed = [line for line in difflib.unified_diff(plain, ours, lineterm="", n=0) if line[:1] in "+-"]
+    assert changed == ["--- ", "+++ ", "-import horovod.torch as hvd", "+import hvd_dcasgd as hvd"], changed
+
+
+@needs_horovod
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_plain_horovod_example_trains(launcher):
+    if launcher == "horovodrun":
+        result = horovodrun(2, PLAIN, "--epochs", 4)
+    else:
+        result = mpirun(2, PLAIN, "--epochs", 4, timeout=240)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert final_accuracy(result.stdout) > 0.8
+
+
+@pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
+def test_drop_in_example_trains_asynchronously_and_resumes(launcher, tmp_path):
+    if launcher == "horovodrun" and not HOROVOD_INSTALLED:
+        pytest.skip("Horovod is not installed, so there is no horovodrun: `bash .ci/setup.sh` builds it")
+    checkpoints = str(tmp_path / "checkpoint-{epoch}.pth.tar")
+    launch = (lambda *a: horovodrun(3, OURS, *a)) if launcher == "horovodrun" else (lambda *a: mpirun(3, OURS, *a, timeout=240))
+    first = launch("--epochs", 4, "--checkpoint-format", checkpoints)
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert final_accuracy(first.stdout) > 0.8
+    assert "hvd_dcasgd server: " in first.stdout, first.stdout[-2000:]  # the parameter server ran
+    assert os.path.exists(checkpoints.format(epoch=4))
+
+    resumed = launch("--epochs", 5, "--checkpoint-format", checkpoints)
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    assert "Resumed from epoch 4" in resumed.stdout
+    assert "Test set (epoch 5)" in resumed.stdout and "Test set (epoch 4)" not in resumed.stdout
+    assert final_accuracy(resumed.stdout) > 0.8
+
+
+@needs_horovod
+def test_horovod_baseline_runs_the_same_script_with_the_server_idle():
+    result = mpirun(3, OURS, "--epochs", 4, env={"HVD_DCASGD_COMPENSATION": "horovod"}, timeout=240)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert final_accuracy(result.stdout) > 0.8
+    assert "hvd_dcasgd server: " not in result.stdout  # no parameter server ran

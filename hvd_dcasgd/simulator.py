@@ -1,0 +1,277 @@
+"""M virtual workers in one process, against the real parameter server.
+
+:func:`simulate` trains a model the way ``mpirun -np M+1`` would -- worker m
+computes its gradient on the weights the server last sent it, w_bak(m), and
+the server applies it with :meth:`ParameterServer.apply` (or
+:meth:`ParameterServer.apply_round` in ``sync`` mode) -- but the order in
+which the server takes the pushes comes from a *delay model* instead of the
+operating system's scheduler.  The server is the project's own, over MPI
+windows on this rank alone (``COMM_SELF``), so what is simulated is only who
+pushes when.  Same arguments, same result, bit for bit.
+
+Delay models: :class:`RoundRobin` (every gradient exactly M-1 updates stale,
+the paper's analysis), :class:`RandomOrder` (the next push comes from a worker
+drawn uniformly), :class:`EventDriven` (per-worker step times with log-normal
+jitter; :meth:`EventDriven.heavy_tailed` makes a few workers slow) and
+:class:`TraceOrder` (the order of a server trace, ``HVD_DCASGD_TRACE``, from a
+real run).
+
+Worker m's data is the shard ``m, m+M, m+2M, ...`` of the training set,
+reshuffled every epoch by :func:`worker_batches`; an MPI program that uses the
+same function trains on the same batches, so replaying its trace reproduces it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from .channel import ServerChannel, control_words
+from .compensation import Compensation
+from .layout import ModelLayout, PushMessage, flatten_into
+from .mpi import load_mpi
+from .server import ParameterServer
+from .telemetry import Telemetry
+from .transport import ControlWords, Mailboxes
+
+__all__ = [
+    "DelayModel", "EventDriven", "RandomOrder", "RoundRobin", "Simulation", "TraceOrder", "error_rate",
+    "simulate", "steps_per_epoch", "worker_batches",
+]
+
+Dataset = Tuple[torch.Tensor, torch.Tensor]
+
+
+def worker_batches(num_samples: int, worker: int, workers: int, batch_size: int, epochs: int,
+                   seed: int) -> Iterator[Tuple[int, torch.Tensor]]:
+    """(epoch, sample indices) of every step of ``worker``: its shard
+    ``worker, worker + workers, ...``, permuted every epoch by a generator
+    seeded with ``1000 * seed + worker``, cut into batches (the last one may be short)."""
+    shard = torch.arange(worker, num_samples, workers)
+    generator = torch.Generator().manual_seed(1000 * seed + worker)
+    for epoch in range(epochs):
+        order = shard[torch.randperm(len(shard), generator=generator)]
+        for start in range(0, len(order), batch_size):
+            yield epoch, order[start : start + batch_size]
+
+
+def steps_per_epoch(num_samples: int, worker: int, workers: int, batch_size: int) -> int:
+    """How many pushes ``worker`` makes per epoch."""
+    return -(-len(range(worker, num_samples, workers)) // batch_size)
+
+
+class DelayModel:
+    """Chooses whose push the server applies next.  ``reset`` starts a run;
+    ``next_worker`` gets the workers that still have steps to make."""
+
+    def reset(self, workers: int, generator: torch.Generator) -> None:
+        self.workers, self.generator = workers, generator
+
+    def next_worker(self, active: Sequence[int]) -> int:
+        raise NotImplementedError
+
+
+class RoundRobin(DelayModel):
+    """Workers push in turn: 0, 1, ..., M-1, 0, ...; every gradient after the
+    first round is exactly M-1 updates stale."""
+
+    def reset(self, workers: int, generator: torch.Generator) -> None:
+        super().reset(workers, generator)
+        self.turn = -1
+
+    def next_worker(self, active: Sequence[int]) -> int:
+        self.turn = min((m for m in active if m > self.turn), default=active[0])
+        return self.turn
+
+
+class RandomOrder(DelayModel):
+    """The next push comes from an active worker drawn uniformly at random."""
+
+    def next_worker(self, active: Sequence[int]) -> int:
+        return active[int(torch.randint(len(active), (1,), generator=self.generator))]
+
+
+class EventDriven(DelayModel):
+    """Worker m's steps take ``step_times[m]`` times a log-normal factor
+    ``exp(jitter * N(0, 1))``; the push that finishes first is applied first,
+    and its worker starts its next step at once."""
+
+    def __init__(self, step_times: Sequence[float], jitter: float = 0.0):
+        self.step_times = list(step_times)
+        self.jitter = jitter
+
+    @classmethod
+    def heavy_tailed(cls, workers: int, slow: Optional[int] = None, slowdown: float = 3.0,
+                     jitter: float = 1.0) -> "EventDriven":
+        """``slow`` workers (default a quarter, at least one) ``slowdown`` times
+        slower than the rest, and wide jitter for everyone."""
+        slow = max(1, workers // 4) if slow is None else slow
+        return cls([slowdown if m >= workers - slow else 1.0 for m in range(workers)], jitter)
+
+    def reset(self, workers: int, generator: torch.Generator) -> None:
+        if len(self.step_times) != workers:
+            raise ValueError(f"hvd_dcasgd: {len(self.step_times)} step times for {workers} workers")
+        super().reset(workers, generator)
+        self.now = 0.0
+        self.pending = [(self._duration(m), m) for m in range(workers)]
+        heapq.heapify(self.pending)
+
+    def _duration(self, worker: int) -> float:
+        noise = float(torch.randn((), generator=self.generator, dtype=torch.float64))
+        return self.step_times[worker] * float(torch.exp(torch.tensor(self.jitter * noise)))
+
+    def next_worker(self, active: Sequence[int]) -> int:
+        while True:
+            self.now, worker = heapq.heappop(self.pending)
+            if worker in active:
+                heapq.heappush(self.pending, (self.now + self._duration(worker), worker))
+                return worker
+
+
+class TraceOrder(DelayModel):
+    """The order of a server trace (JSON lines with ``update`` and
+    ``worker``, as ``HVD_DCASGD_TRACE`` writes them).  A worker that has no
+    steps left is skipped; after the trace's end, workers take turns."""
+
+    def __init__(self, path: str):
+        with open(path) as lines:
+            records = [json.loads(line) for line in lines if line.strip()]
+        self.order = [r["worker"] for r in sorted(records, key=lambda r: r["update"])]
+        self.trace_workers = 1 + max(self.order, default=0)
+
+    def reset(self, workers: int, generator: torch.Generator) -> None:
+        if self.trace_workers > workers:
+            raise ValueError(f"hvd_dcasgd: the trace has {self.trace_workers} workers, the simulation {workers}")
+        super().reset(workers, generator)
+        self.position = 0
+        self.after_trace = RoundRobin()
+        self.after_trace.reset(workers, generator)
+
+    def next_worker(self, active: Sequence[int]) -> int:
+        while self.position < len(self.order):
+            worker = self.order[self.position]
+            self.position += 1
+            if worker in active:
+                return worker
+        return self.after_trace.next_worker(active)
+
+
+@dataclass
+class Simulation:
+    """What a simulated run gives back."""
+
+    test_errors: List[float]  # after every epoch (a pass over the training set by all workers together)
+    final_error: float
+    weights: torch.Tensor  # the server's final flat weights
+    updates: int
+    staleness: Counter  # staleness -> number of gradients
+
+
+def _server(model: torch.nn.Module, optimizer: torch.optim.Optimizer, compensation: Compensation, workers: int,
+            trace: Optional[str]) -> Tuple[ParameterServer, ControlWords, Mailboxes]:
+    """The project's ParameterServer over real windows on this rank alone."""
+    mpi = load_mpi()
+    layout = ModelLayout.of(optimizer, model.named_parameters(), model)
+    if layout.buffers:
+        raise ValueError("hvd_dcasgd: the simulator takes models without buffers (a real run keeps BatchNorm "
+                         "statistics per worker)")
+    control = ControlWords(mpi, mpi.COMM_SELF, control_words(workers))
+    mailboxes = Mailboxes(mpi, mpi.COMM_SELF, workers, PushMessage.size(layout, layout.dtype),
+                          layout.numel * layout.dtype.itemsize)
+    server = ParameterServer(optimizer, layout, compensation, mailboxes, ServerChannel(control, mailboxes, workers),
+                             layout.dtype, torch.device("cpu"), Telemetry(workers, trace), staged=False)
+    return server, control, mailboxes
+
+
+def error_rate(model: torch.nn.Module, data: Dataset) -> float:
+    """Fraction of ``data`` that ``model`` gets wrong."""
+    x, y = data
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        error = (model(x).argmax(1) != y).float().mean().item()
+    model.train(was_training)
+    return error
+
+
+def simulate(
+    model: Callable[[], torch.nn.Module],
+    train: Dataset,
+    test: Dataset,
+    *,
+    compensation: Union[str, Compensation],
+    workers: int,
+    epochs: int,
+    batch_size: int,
+    lr: Callable[[int], float],
+    optimizer: Optional[Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]] = None,
+    delay: Optional[DelayModel] = None,
+    seed: int = 0,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    trace: Optional[str] = None,
+) -> Simulation:
+    """Train ``model()`` (built after ``torch.manual_seed(seed)``) with
+    ``workers`` virtual workers for ``epochs`` epochs and return its test
+    errors.  ``lr(epoch)`` is the learning rate a worker sends with its pushes
+    during its epoch ``epoch`` (as a scheduler stepped on the worker would);
+    ``optimizer`` builds the server's optimizer (default plain SGD).  ``delay`` (default
+    :class:`RoundRobin`) orders the pushes; ``sync`` mode averages one push of
+    every active worker per update and ignores it.  ``trace`` writes the
+    server's trace there.  One worker is sequential SGD in every mode."""
+    compensation = compensation if isinstance(compensation, Compensation) else Compensation(compensation)
+    delay = RoundRobin() if delay is None else delay
+    torch.manual_seed(seed)
+    net = model()
+    steps = torch.optim.SGD(net.parameters(), lr=lr(0)) if optimizer is None else optimizer(net.parameters())
+    server, control, mailboxes = _server(net, steps, compensation, workers, trace)
+    try:
+        replica = model()  # the workers' forward and backward passes, on the weights each one holds
+        params = [p for p in replica.parameters() if p.requires_grad]
+        held = torch.empty(server.layout.numel, dtype=server.layout.dtype)
+        for p, view in zip(params, server.layout.views(held)):
+            p.data = view
+        x, y = train
+        batches = [worker_batches(len(y), m, workers, batch_size, epochs, seed) for m in range(workers)]
+        remaining = [epochs * steps_per_epoch(len(y), m, workers, batch_size) for m in range(workers)]
+        per_epoch = sum(steps_per_epoch(len(y), m, workers, batch_size) for m in range(workers))
+
+        def push(m: int) -> None:
+            """Worker m computes its next gradient on w_bak(m) and leaves it in its inbox."""
+            epoch, batch = next(batches[m])
+            remaining[m] -= 1
+            held.copy_(server.outboxes[m])
+            replica.zero_grad(set_to_none=True)
+            loss(replica(x[batch]), y[batch]).backward()
+            message = server.messages[m]
+            flatten_into(message.gradient, server.layout.views(message.gradient), [p.grad for p in params])
+            message.lrs.fill_(lr(epoch))
+
+        delay.reset(workers, torch.Generator().manual_seed(seed))
+        errors: List[float] = []
+        applied = 0
+        while any(remaining):
+            active = [m for m in range(workers) if remaining[m]]
+            if compensation.mode == "sync":
+                for m in active:
+                    push(m)
+                server.apply_round(active)
+                applied += len(active)
+            else:
+                m = delay.next_worker(active)
+                push(m)
+                server.apply(m)
+                applied += 1
+            while applied >= (len(errors) + 1) * per_epoch:
+                errors.append(error_rate(net, test))
+        final = error_rate(net, test)
+        return Simulation(errors, final, server.weights.clone(), server.updates, Counter(server.telemetry.staleness))
+    finally:
+        server.telemetry.close()
+        control.free()
+        mailboxes.free()

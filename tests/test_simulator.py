@@ -1,0 +1,137 @@
+"""The simulator: deterministic, each delay model orders pushes as it says,
+a trace replays in its order, one worker is plain torch SGD."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+
+from hvd_dcasgd.simulator import (
+    EventDriven, RandomOrder, RoundRobin, TraceOrder, error_rate, simulate, steps_per_epoch, worker_batches,
+)
+
+torch.set_num_threads(1)
+SAMPLES, BATCH, EPOCHS = 240, 10, 2  # 240 digits: 60 per worker for 4 workers, 6 steps per worker per epoch
+
+
+def _data():
+    x, y = load_digits(return_X_y=True)
+    x = torch.tensor(x, dtype=torch.float32) / 16.0
+    y = torch.tensor(y)
+    return (x[:SAMPLES], y[:SAMPLES]), (x[SAMPLES : SAMPLES + 200], y[SAMPLES : SAMPLES + 200])
+
+
+def _model():
+    return torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+
+
+def _lr(epoch):
+    return 0.2 / (1 + epoch)
+
+
+def _run(mode="adaptive", workers=4, delay=None, seed=0, trace=None, epochs=EPOCHS):
+    train, test = _data()
+    return simulate(_model, train, test, compensation=mode, workers=workers, epochs=epochs, batch_size=BATCH,
+                    lr=_lr, delay=delay, seed=seed, trace=trace)
+
+
+def _trace(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("delay", [RandomOrder, lambda: EventDriven.heavy_tailed(4)], ids=["random", "heavy-tailed"])
+def test_same_seed_same_result_bit_for_bit(delay):
+    first, second = _run(delay=delay()), _run(delay=delay())
+    assert torch.equal(first.weights, second.weights)
+    assert first.test_errors == second.test_errors and first.staleness == second.staleness
+    other = _run(delay=delay(), seed=1)
+    assert not torch.equal(first.weights, other.weights)
+
+
+def test_round_robin_gradients_are_exactly_workers_minus_one_stale(tmp_path):
+    workers = 4
+    result = _run("none", workers, RoundRobin(), trace=tmp_path / "trace.jsonl")
+    records = _trace(tmp_path / "trace.jsonl")
+    assert [r["worker"] for r in records] == [u % workers for u in range(len(records))]
+    assert [r["staleness"] for r in records[:workers]] == list(range(workers))  # the first round starts from w_0
+    assert {r["staleness"] for r in records[workers:]} == {workers - 1}
+    assert result.updates == len(records) == EPOCHS * SAMPLES // BATCH
+    assert len(result.test_errors) == EPOCHS and result.test_errors[-1] == result.final_error
+
+
+def test_trace_replay_follows_the_traces_order(tmp_path):
+    recorded = _run(delay=RandomOrder(), seed=3, trace=tmp_path / "random.jsonl")
+    replayed = _run(delay=TraceOrder(str(tmp_path / "random.jsonl")), seed=3, trace=tmp_path / "replay.jsonl")
+    order = [(r["worker"], r["staleness"]) for r in _trace(tmp_path / "random.jsonl")]
+    assert len(set(s for _, s in order)) > 2, "a random order mixes staleness values"
+    assert [(r["worker"], r["staleness"]) for r in _trace(tmp_path / "replay.jsonl")] == order
+    assert torch.equal(recorded.weights, replayed.weights)
+
+
+def test_trace_order_skips_finished_workers_then_takes_turns(tmp_path):
+    path = tmp_path / "short.jsonl"
+    path.write_text("".join(json.dumps({"update": u, "worker": w}) + "\n" for u, w in enumerate([1, 1, 0, 1])))
+    delay = TraceOrder(str(path))
+    delay.reset(3, torch.Generator())
+    picks = [delay.next_worker(active) for active in ([0, 1, 2], [0, 1, 2], [0, 2], [0, 2], [0, 2])]
+    assert picks == [1, 1, 0, 0, 2]  # worker 1 done before the trace's last push; then round-robin
+
+
+def test_random_order_draws_every_worker_and_finishes_every_step():
+    result = _run("none", 4, RandomOrder(), seed=5)
+    assert result.updates == EPOCHS * SAMPLES // BATCH
+    assert max(result.staleness) > 4 > min(result.staleness)
+
+
+def test_event_driven_slow_worker_pushes_less_and_staler(tmp_path):
+    _run("none", 4, EventDriven([1.0, 1.0, 1.0, 3.0]), trace=tmp_path / "trace.jsonl")
+    records = _trace(tmp_path / "trace.jsonl")
+    # no jitter: fast workers push at t = 1, 2, 3, ..., the slow one at t = 3, 6, ...
+    assert [r["worker"] for r in records[:10]] == [0, 1, 2, 0, 1, 2, 0, 1, 2, 3]
+    slow = [r["staleness"] for r in records if r["worker"] == 3]
+    assert slow[:3] == [9, 9, 9]  # three fast workers push three times in one slow step
+    steps = EPOCHS * steps_per_epoch(SAMPLES, 3, 4, BATCH)
+    assert len(slow) == steps and records[-1]["worker"] == 3  # it finishes last, alone
+
+
+def test_heavy_tailed_makes_the_last_quarter_slow():
+    delay = EventDriven.heavy_tailed(8, slowdown=3.0)
+    assert delay.step_times == [1.0] * 6 + [3.0] * 2
+    with pytest.raises(ValueError, match="8 step times for 4 workers"):
+        delay.reset(4, torch.Generator())
+
+
+def test_sync_rounds_average_every_worker_once():
+    result = _run("sync", 4)
+    assert result.updates == EPOCHS * steps_per_epoch(SAMPLES, 0, 4, BATCH)
+    assert set(result.staleness) == {0}
+
+
+@pytest.mark.parametrize("mode", ["none", "adaptive"])
+def test_one_worker_is_plain_torch_sgd(mode):
+    result = _run(mode, workers=1)
+    train, test = _data()
+    torch.manual_seed(0)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=_lr(0))
+    for epoch, batch in worker_batches(SAMPLES, 0, 1, BATCH, EPOCHS, seed=0):
+        optimizer.param_groups[0]["lr"] = _lr(epoch)
+        optimizer.zero_grad()
+        F.cross_entropy(model(train[0][batch]), train[1][batch]).backward()
+        optimizer.step()
+    expected = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert torch.allclose(result.weights, expected, rtol=1e-5, atol=1e-6)
+    assert result.final_error == pytest.approx(error_rate(model, test), abs=1.5 / len(test[1]))
+    assert set(result.staleness) == {0}
+
+
+def test_worker_batches_cover_the_shard_once_per_epoch():
+    seen = {}
+    for epoch, batch in worker_batches(103, 2, 4, 8, 3, seed=7):
+        seen.setdefault(epoch, []).extend(batch.tolist())
+    for epoch in range(3):
+        assert sorted(seen[epoch]) == list(range(2, 103, 4))
+    assert seen[0] != seen[1]
+    assert steps_per_epoch(103, 2, 4, 8) == 4

@@ -135,8 +135,9 @@ def train(args):
     torch.manual_seed(args.seed)
 
     if args.cuda:
-        # Horovod: pin GPU to local rank.
-        torch.cuda.set_device(hvd.local_rank())
+        # Horovod: pin GPU to local rank (modulo what is visible: a launcher
+        # may already have pinned this process to one GPU).
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
         torch.cuda.manual_seed(args.seed)
 
     # Horovod: limit # of CPU threads to be used per worker.

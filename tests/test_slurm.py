@@ -1,0 +1,126 @@
+"""The SLURM batch scripts, submitted to a real one-node SLURM cluster.
+
+``slurm/local_cluster.sh`` installs Debian's slurm-wlm and munge and starts
+munged, slurmctld and slurmd on this machine (8 CPUs declared); the cluster is
+stopped when the test session ends.  Where it cannot be started (not root, no
+apt-get, no package) the tests are skipped; a job that runs and fails, or
+does not end in time (it is then cancelled), fails them.  The jobs are all
+submitted at once and run side by side.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT
+
+CLUSTER = ROOT / "slurm" / "local_cluster.sh"
+#: How long a job may take, from submission to its end, on 2 busy cores.
+JOB_DEADLINE = 210
+#: SLURM's job states after which nothing more happens.
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+ACCURACY = re.compile(r"final test accuracy (\d\.\d+) \(compensation \w+, (\d+) workers")
+
+
+def _command(cmd, env, timeout):
+    """Run ``cmd`` in its own process group, killed as a whole on timeout
+    (``None`` then); the result otherwise."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+@pytest.fixture(scope="module")
+def slurm_env(tmp_path_factory):
+    """The environment of a command that talks to a freshly started local cluster."""
+    if os.geteuid() != 0:
+        pytest.skip("starting a local SLURM cluster needs root")
+    env = {**os.environ, "HVD_DCASGD_SLURM_DIR": str(tmp_path_factory.mktemp("slurm"))}
+    stop = ["bash", str(CLUSTER), "stop"]
+    started = _command(["bash", str(CLUSTER), "start"], env, timeout=240)
+    if started is None or started.returncode != 0:
+        _command(stop, env, timeout=60)
+        reason = "timed out after 240 s" if started is None else started.stdout.strip()
+        pytest.skip(f"no local SLURM cluster could be started: {reason}")
+    env["SLURM_CONF"] = os.path.join(env["HVD_DCASGD_SLURM_DIR"], "slurm.conf")
+    yield env
+    _command(stop, env, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm_env, tmp_path_factory):
+    """Submit every job at once; name -> (job id, output file, submission time)."""
+    out_dir = tmp_path_factory.mktemp("slurm_jobs")
+    venv = {"HVD_DCASGD_VENV": sys.prefix}
+    train = ["examples/train_digits.py", "--epochs", "5"]
+    plans = {
+        # the default launcher (srun --mpi=pmix), 1 server + 4 workers
+        "one_node": ({}, [], "one_node.sbatch", train),
+        # mpirun inside the allocation, Open MPI's TCP settings (osc/pt2pt), on the one node there is
+        "multi_node": ({"HVD_DCASGD_LAUNCHER": "mpirun"}, ["--nodes=1", "--ntasks=3"], "multi_node.sbatch", train),
+        # a rank that fails must fail the job
+        "failing": ({}, ["--ntasks=3"], "one_node.sbatch", ["no_such_script.py"]),
+    }
+    submitted = {}
+    for name, (extra_env, options, script, args) in plans.items():
+        output = out_dir / f"{name}.out"
+        cmd = ["sbatch", "--parsable", f"--output={output}", "--time=5", *options, f"slurm/{script}", *args]
+        result = _command(cmd, {**slurm_env, **venv, **extra_env}, timeout=30)
+        assert result is not None and result.returncode == 0, f"sbatch failed: {cmd}\n{result and result.stdout}"
+        submitted[name] = (result.stdout.strip().split(";")[0], output, time.monotonic())
+    return submitted
+
+
+def _read(output):
+    return output.read_text() if output.exists() else "(no output)"
+
+
+def _job_fields(job_id, env):
+    result = _command(["scontrol", "show", "job", "--oneliner", job_id], env, timeout=20)
+    if result is None or result.returncode != 0:
+        return {}
+    return dict(re.findall(r"(\w+)=(\S*)", result.stdout))
+
+
+def finished(name, jobs, env):
+    """Wait for the job to end (cancel it and fail past the deadline); its
+    state, exit code and output."""
+    job_id, output, submitted = jobs[name]
+    fields = {}
+    while time.monotonic() - submitted < JOB_DEADLINE:
+        fields = _job_fields(job_id, env)
+        if fields.get("JobState") in FINAL_STATES:
+            return fields["JobState"], fields.get("ExitCode"), _read(output)
+        time.sleep(1)
+    _command(["scancel", job_id], env, timeout=20)
+    pytest.fail(f"SLURM job {job_id} ({name}) still {fields.get('JobState', 'unknown')} after "
+                f"{JOB_DEADLINE} s: cancelled\n{_read(output)[-4000:]}")
+
+
+@pytest.mark.parametrize("name, launcher, workers", [("one_node", "srun", 4), ("multi_node", "mpirun", 2)])
+def test_batch_script_trains_digits(name, launcher, workers, jobs, slurm_env):
+    state, exit_code, output = finished(name, jobs, slurm_env)
+    assert (state, exit_code) == ("COMPLETED", "0:0"), output[-4000:]
+    assert "workers on" in output and f", {launcher}: " in output, output[-4000:]
+    found = ACCURACY.search(output)
+    assert found, output[-4000:]
+    assert int(found.group(2)) == workers
+    assert float(found.group(1)) > 0.85, output[-4000:]
+
+
+def test_failing_rank_fails_the_job(jobs, slurm_env):
+    state, exit_code, output = finished("failing", jobs, slurm_env)
+    assert state == "FAILED" and exit_code != "0:0", output[-4000:]
+    assert "no_such_script.py" in output, output[-4000:]

@@ -65,6 +65,9 @@ def main():
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--trace", default=None, help="write the server's staleness trace here")
     parser.add_argument("--save", default=None, help="save the final model here (worker 0)")
+    parser.add_argument("--straggler", type=float, default=1.0, metavar="FACTOR",
+                        help="make the last worker slow: it sleeps after each step's compute so that the step "
+                             "takes FACTOR times as long")
     args = parser.parse_args()
 
     hvd.init()
@@ -87,14 +90,18 @@ def main():
 
     shard = torch.arange(hvd.rank(), len(y_train), hvd.size())
     generator = torch.Generator().manual_seed(args.seed + hvd.rank())
+    slow = args.straggler > 1.0 and hvd.rank() == hvd.size() - 1
     started = time.perf_counter()
     for epoch in range(args.epochs):
         order = shard[torch.randperm(len(shard), generator=generator)]
         for start in range(0, len(order), args.batch_size):
             batch = order[start : start + args.batch_size]
+            computing = time.perf_counter()
             optimizer.zero_grad()
             loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
             loss.backward()
+            if slow:
+                time.sleep((args.straggler - 1.0) * (time.perf_counter() - computing))
             optimizer.step()
         test_accuracy = hvd.allreduce(torch.tensor(accuracy(model, x_test, y_test)), name="accuracy").item()
         if hvd.rank() == 0 and (epoch + 1) % 10 == 0:

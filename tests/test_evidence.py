@@ -4,7 +4,7 @@ real mpirun run, the tables, the plots and RESULTS.md, into a temp dir."""
 import json
 import sys
 
-from conftest import ROOT, run
+from conftest import ROOT, mpirun, run
 
 
 def test_evidence_command_writes_tables_plots_and_a_replayable_real_run(tmp_path):
@@ -34,3 +34,17 @@ def test_evidence_command_writes_tables_plots_and_a_replayable_real_run(tmp_path
     # the simulator on the real run's order, batches and initial weights lands where the real run did
     assert abs(replay[0]["final_error"] - real["final_error"]) <= 1 / 359
     assert f"{100 * real['final_error']:.2f}" in page
+
+
+def test_digits_example_straggler_pushes_late(tmp_path):
+    """With --straggler the last worker's pushes reach the server later: in
+    asynchronous training it has pushed fewer of the first half's gradients."""
+    trace = tmp_path / "trace.jsonl"
+    result = mpirun(3, ROOT / "examples" / "train_digits.py", "--epochs", 1, "--compensation", "none",
+                    "--straggler", 4, "--trace", trace, timeout=300)
+    assert result.returncode == 0, result.stdout
+    assert "final test accuracy" in result.stdout
+    workers = [json.loads(line)["worker"] for line in trace.read_text().splitlines()]
+    first_half = workers[: len(workers) // 2]
+    assert workers.count(0) == workers.count(1)  # the same epochs each
+    assert first_half.count(1) < first_half.count(0)

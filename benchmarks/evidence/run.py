@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import mean, stdev
@@ -42,6 +43,7 @@ from tasks import TASKS  # noqa: E402
 METHODS = [("sgd", "SGD"), ("none", "ASGD"), ("sync", "SSGD"), ("constant", "DC-ASGD-c"), ("adaptive", "DC-ASGD-a")]
 LABELS = dict(METHODS, horovod="Horovod allreduce")
 ASYNC = ("none", "constant", "adaptive")
+DELAY_METHODS = ("none", "adaptive")  # simulated under every delay model
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,7 @@ def mpi_run(task: str, method: str, workers: int, seed: int, epochs: int, cache:
               "straggler": straggler, "command": shlex.join(map(str, cmd)), "launch_seconds": time.perf_counter() - started}
     if code != 0 or not out.exists():
         return {**record, "failed": output.strip().splitlines()[-12:]}
-    record.update(json.loads(out.read_text()))
+    record = {**json.loads(out.read_text()), **record}  # the program calls sequential SGD "none"
     rate = re.search(r"\(([\d.]+) updates/s\)", output)
     record["server_updates_per_s"] = float(rate.group(1)) if rate else None
     if trace.exists() and trace.stat().st_size:
@@ -222,12 +224,12 @@ def delay_table(records: List[Dict], task: str, workers: int, delays: Sequence[s
         stale = [mean_staleness(r) for r in found]
         rows.append([f"simulator, {delay}", f"{mean(stale):.2f}" if stale else "",
                      *[cell(errors_of(records, source="simulator", task=task, workers=workers, delay=delay,
-                                      method=m, lambda_0=TASKS[task].lambda_0(m))) for m in ASYNC]])
+                                      method=m, lambda_0=TASKS[task].lambda_0(m))) for m in DELAY_METHODS]])
     real = [r for r in select(records, source="mpi", task=task, workers=workers, straggler=1.0) if r["method"] in ASYNC]
     rows.append(["real MPI runs", f"{mean(mean_staleness(r) for r in real):.2f}" if real else "",
                  *[cell(errors_of(records, source="mpi", task=task, workers=workers, method=m, straggler=1.0))
-                   for m in ASYNC]])
-    return table(["order of pushes", "mean staleness", *[LABELS[m] for m in ASYNC]], rows)
+                   for m in DELAY_METHODS]])
+    return table(["order of pushes", "mean staleness", *[LABELS[m] for m in DELAY_METHODS]], rows)
 
 
 def mean_staleness(record: Dict) -> float:
@@ -321,7 +323,6 @@ def plots(records: List[Dict], scale: Scale, out: Path) -> List[str]:
             ax.set_title(f"{task}, {'simulator' if source == 'simulator' else 'real MPI'}, M={workers}")
             ax.set_xlabel("epoch")
             ax.set_ylabel("test error %")
-            ax.set_yscale("log")
             ax.grid(alpha=0.3)
         axes[0][0].legend(fontsize=8)
         fig.tight_layout()
@@ -341,7 +342,6 @@ def plots(records: List[Dict], scale: Scale, out: Path) -> List[str]:
                              + (f", one worker {straggler:g}x slower" if straggler != 1.0 else ""))
                 ax.set_xlabel("wall-clock seconds")
                 ax.set_ylabel("test error %")
-                ax.set_yscale("log")
                 ax.grid(alpha=0.3)
             axes[0][0].legend(fontsize=8)
             fig.tight_layout()
@@ -423,12 +423,18 @@ def reading(records: List[Dict], scale: Scale) -> List[str]:
                                         delay="round-robin", lambda_0=TASKS[task].lambda_0(m)))}
             if len(means) < 4:
                 continue
-            ranking = " < ".join(f"{LABELS[m]} {v:.2f}" for m, v in sorted(means.items(), key=lambda kv: kv[1]))
+            spread = {m: stdev(e) if len(e) > 1 else 0.0 for m in means
+                      for e in [errors_of(records, source="simulator", task=task, method=m, workers=workers,
+                                          delay="round-robin", lambda_0=TASKS[task].lambda_0(m))]}
+            ranking = ", ".join(f"{LABELS[m]} {v:.2f}" for m, v in sorted(means.items(), key=lambda kv: kv[1]))
             holds = means["adaptive"] <= means["constant"] <= min(means["none"], means["sync"])
-            lines.append(f"- **{task}, M={workers} (simulator)**: {ranking} (sequential SGD {mean(sgd):.2f}). "
-                         f"The paper's order DC-ASGD-a <= DC-ASGD-c <= ASGD, SSGD **{'holds' if holds else 'does not hold'}**; "
-                         f"DC-ASGD-a is {means['none'] - means['adaptive']:+.2f} points better than ASGD and "
-                         f"{means['adaptive'] - mean(sgd):+.2f} points from sequential SGD.")
+            gain = means["none"] - means["adaptive"]
+            within = abs(gain) <= max(spread["none"], spread["adaptive"])
+            lines.append(f"- **{task}, M={workers} (simulator)**, best first: {ranking} (sequential SGD {mean(sgd):.2f}). "
+                         f"The paper's order DC-ASGD-a <= DC-ASGD-c <= ASGD, SSGD **{'holds' if holds else 'does not hold'}**. "
+                         f"ASGD minus DC-ASGD-a: {gain:+.2f} points"
+                         + (" (within the seed-to-seed standard deviation)" if within else "")
+                         + f"; DC-ASGD-a minus sequential SGD: {means['adaptive'] - mean(sgd):+.2f}.")
             gaps.append((workers, means["none"] - means["adaptive"]))
         if len(gaps) > 1:
             grows = all(b[1] > a[1] for a, b in zip(gaps, gaps[1:]))
@@ -456,7 +462,8 @@ def wallclock_reading(rows: List[Dict]) -> List[str]:
     sgd = rate.get(("sgd", 1.0))
     if sgd:
         lines.append("- Speed-up in samples/s over sequential SGD, no straggler: " + ", ".join(
-            f"{LABELS[m]} {v / sgd:.2f}x" for (m, s), v in rate.items() if s == 1.0 and m != "sgd") + ".")
+            f"{LABELS[m]} {v / sgd:.2f}x" for (m, s), v in rate.items() if s == 1.0 and m != "sgd")
+            + f" (every process -- the server and the workers -- shares the machine's {os.cpu_count()} cores).")
     stragglers = sorted({s for _, s in rate} - {1.0})
     for s in stragglers:
         kept = [f"{LABELS[m]} {rate[(m, s)] / rate[(m, 1.0)]:.2f}" for m in ("none", "constant", "adaptive", "sync", "horovod")
@@ -497,23 +504,26 @@ def main() -> None:
     for task in scale.tasks:
         TASKS[task].data(cache)
 
-    records: List[Dict] = []
-    print("real MPI runs", flush=True)
+    # real runs whose timings are reported go one at a time; the others share the cores with the simulator
+    timed, untimed = [], []
     for task in scale.tasks:
         epochs = scale.epochs or TASKS[task].epochs
         for workers in scale.mpi_workers:
             for seed in range(scale.mpi_seeds):
                 for method in scale.mpi_methods:
                     if method != "sgd" or workers == scale.mpi_workers[0]:
-                        records.append(mpi_run(task, method, workers, seed, epochs, cache, work))
+                        wallclock = scale.straggler and (task, workers, seed) == (scale.tasks[0], scale.mpi_workers[0], 0)
+                        (timed if wallclock else untimed).append(dict(task=task, method=method, workers=workers,
+                                                                      seed=seed, epochs=epochs))
     if scale.straggler:
-        task, workers = scale.tasks[0], scale.mpi_workers[0]
-        epochs = scale.epochs or TASKS[task].epochs
-        records.append(mpi_run(task, "horovod", workers, 0, epochs, cache, work))
-        for method in ("none", "constant", "adaptive", "sync", "horovod"):
-            records.append(mpi_run(task, method, workers, 0, epochs, cache, work, straggler=scale.straggler))
+        task, epochs = scale.tasks[0], scale.epochs or TASKS[scale.tasks[0]].epochs
+        timed.append(dict(task=task, method="horovod", workers=scale.mpi_workers[0], seed=0, epochs=epochs))
+        timed += [dict(task=task, method=m, workers=scale.mpi_workers[0], seed=0, epochs=epochs,
+                       straggler=scale.straggler) for m in ("none", "constant", "adaptive", "sync", "horovod")]
+    print(f"{len(timed)} real MPI runs timed for wall-clock, one at a time", flush=True)
+    records: List[Dict] = [mpi_run(**run, cache=cache, work=work) for run in timed]
     bench = bench_end_to_end() if scale.bench else None
-    mpi_seconds = time.time() - started
+    timed_seconds = time.time() - started
 
     jobs = []
     for task in scale.tasks:
@@ -525,24 +535,29 @@ def main() -> None:
             for method, values in scale.lambdas.items():
                 jobs += [sim_job(task, method, sweep_size(scale), seed, epochs, cache, lambda_0=v) for v in values]
             for delay in scale.delay_models:
-                jobs += [sim_job(task, m, scale.mpi_workers[0], seed, epochs, cache, delay=delay) for m in ASYNC]
-        jobs += [sim_job(r["task"], r["method"], r["workers"], r["seed"], r["epochs"], cache, delay="trace",
-                         trace=r["trace"]) for r in records
-                 if r["source"] == "mpi" and r["method"] in ASYNC and r.get("trace") and r["straggler"] == 1.0
-                 and r["task"] == task]
-    print(f"{len(jobs)} simulator runs on {args.jobs} processes", flush=True)
-    records += run_simulations(jobs, args.jobs)
+                jobs += [sim_job(task, m, scale.mpi_workers[0], seed, epochs, cache, delay=delay)
+                         for m in DELAY_METHODS]
+    print(f"{len(untimed)} more real MPI runs, alongside {len(jobs)} simulator runs on {args.jobs} processes", flush=True)
+    with ThreadPoolExecutor(1) as thread:
+        background = thread.submit(lambda: [mpi_run(**run, cache=cache, work=work) for run in untimed])
+        simulated = run_simulations(jobs, args.jobs)
+        records += background.result() + simulated
+    replays = [sim_job(r["task"], r["method"], r["workers"], r["seed"], r["epochs"], cache, delay="trace",
+                       trace=r["trace"]) for r in records
+               if r["source"] == "mpi" and r["method"] in ASYNC and r.get("trace") and r["straggler"] == 1.0]
+    print(f"{len(replays)} simulator replays of real runs' traces", flush=True)
+    records += run_simulations(replays, args.jobs)
     total_seconds = time.time() - started
 
     (figures / "evidence.json").write_text(json.dumps({"scale": scale_name, "records": records, "bench": bench},
                                                       indent=1))
     names = plots(records, scale, figures)
-    write_results(out, scale_name, scale, records, bench, names, total_seconds, mpi_seconds, load_before, cache)
+    write_results(out, scale_name, scale, records, bench, names, total_seconds, timed_seconds, load_before, cache)
     print(f"wrote {out / 'RESULTS.md'} and {len(names)} plots in {total_seconds / 60:.1f} min", flush=True)
 
 
 def write_results(out: Path, scale_name: str, scale: Scale, records: List[Dict], bench: Optional[Dict],
-                  figures: List[str], total_seconds: float, mpi_seconds: float, load_before, cache: Path) -> None:
+                  figures: List[str], total_seconds: float, timed_seconds: float, load_before, cache: Path) -> None:
     command = "python benchmarks/evidence/run.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     load_after = os.getloadavg()
     failed = [r for r in records if "failed" in r]
@@ -550,7 +565,9 @@ def write_results(out: Path, scale_name: str, scale: Scale, records: List[Dict],
         "# Results: DC-ASGD at CPU scale",
         "",
         f"Generated by `{command.strip()}` ({scale_name} scale) in {total_seconds / 60:.1f} minutes "
-        f"({mpi_seconds / 60:.1f} of them real MPI runs, one at a time).",
+        f"({timed_seconds / 60:.1f} of them the real runs whose timings are reported, one at a time; the other "
+        "real runs shared the cores with the simulator runs, which changes their order of pushes as any load "
+        "would, and nothing else).",
         f"Machine: {machine()}. Load average (1, 5, 15 min) before the run "
         f"{', '.join(f'{x:.1f}' for x in load_before)}, after {', '.join(f'{x:.1f}' for x in load_after)}"
         + (": the machine was shared with other work during the run, so absolute timings are noisy; "
@@ -628,15 +645,13 @@ def write_results(out: Path, scale_name: str, scale: Scale, records: List[Dict],
                  f"![error vs seconds](results/error_vs_seconds_{task}.png)", ""]
 
     text += ["## The compensation's cost", ""]
-    for task in scale.tasks:
-        rates = {m: [r["server_updates_per_s"] for r in select(records, source="mpi", task=task, method=m,
-                                                                workers=workers, straggler=1.0)
-                     if r.get("server_updates_per_s")] for m in ASYNC}
-        if rates["none"] and rates["adaptive"]:
-            text.append(f"- {task} training runs, M={workers}: server updates/s ASGD {mean(rates['none']):.1f}, "
-                        f"DC-ASGD-c {mean(rates['constant']):.1f}, DC-ASGD-a {mean(rates['adaptive']):.1f} "
-                        f"(ratio a/ASGD {mean(rates['adaptive']) / mean(rates['none']):.2f}); here the workers' "
-                        "compute, not the server, sets the rate.")
+    rates = {r["method"]: r.get("server_updates_per_s") for r in wallclock_rows(records, scale.tasks[0], workers)
+             if "failed" not in r and r["straggler"] == 1.0 and r["method"] in ASYNC}
+    if rates.get("none") and rates.get("adaptive"):
+        text.append(f"- The timed {scale.tasks[0]} runs above, M={workers}: server updates/s "
+                    + ", ".join(f"{LABELS[m]} {v:.1f}" for m, v in rates.items())
+                    + f" (DC-ASGD-a / ASGD {rates['adaptive'] / rates['none']:.2f}); there the workers' compute, "
+                    "not the server, sets the rate.")
     if bench and bench["updates_per_s"].get("none"):
         rates = bench["updates_per_s"]
         text += [f"- Server-bound (`{bench['command'].replace(str(ROOT) + '/', '')}`: 4 workers push precomputed "

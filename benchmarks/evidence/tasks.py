@@ -112,8 +112,8 @@ class Task:
 
 
 TASKS: Dict[str, Task] = {
-    "digits": Task("digits", DigitsNet, load_digits_data, epochs=16, batch_size=16, lr=0.05,
+    "digits": Task("digits", DigitsNet, load_digits_data, epochs=12, batch_size=16, lr=0.05,
                    lambda_constant=0.04, lambda_adaptive=2.0, target_error=0.10),
-    "mnist1d": Task("mnist1d", Mnist1dNet, load_mnist1d_data, epochs=16, batch_size=32, lr=0.05,
+    "mnist1d": Task("mnist1d", Mnist1dNet, load_mnist1d_data, epochs=10, batch_size=32, lr=0.05,
                     lambda_constant=0.04, lambda_adaptive=2.0, target_error=0.60),
 }

@@ -163,7 +163,8 @@ def bench_end_to_end() -> Dict:
     """The server-bound update rate of every mode (benchmarks/bench_end_to_end.py)."""
     cmd = [sys.executable, ROOT / "benchmarks" / "bench_end_to_end.py", "--steps", "150"]
     code, output = run_command(cmd, 900)
-    rates = {m: float(r) for m, r in re.findall(r"^\s+(\w+)\s+([\d.]+) updates/s", output, re.M)}
+    rates = {f"{mode} {variant}".strip(): float(rate)
+             for mode, variant, rate in re.findall(r"^\s+(\w+)\s+(.*?)\s*([\d.]+) updates/s", output, re.M)}
     return {"command": shlex.join(map(str, cmd)), "updates_per_s": rates, "output": output.strip().splitlines()}
 
 
@@ -652,11 +653,13 @@ def write_results(out: Path, scale_name: str, scale: Scale, records: List[Dict],
                     + ", ".join(f"{LABELS[m]} {v:.1f}" for m, v in rates.items())
                     + f" (DC-ASGD-a / ASGD {rates['adaptive'] / rates['none']:.2f}); there the workers' compute, "
                     "not the server, sets the rate.")
-    if bench and bench["updates_per_s"].get("none"):
+    if bench and bench["updates_per_s"]:
         rates = bench["updates_per_s"]
         text += [f"- Server-bound (`{bench['command'].replace(str(ROOT) + '/', '')}`: 4 workers push precomputed "
-                 "gradients of a 1M-parameter model as fast as the server answers): "
-                 + ", ".join(f"{m} {v:.1f} updates/s ({v / rates['none']:.2f})" for m, v in rates.items()) + "."]
+                 "gradients of a 1M-parameter model as fast as the server answers), updates/s and ratio to ASGD "
+                 "(`none`) in the same setting: "
+                 + ", ".join(f"{m} {v:.1f} ({v / rates['none' + m[len(m.split()[0]):]]:.2f})"
+                             for m, v in rates.items()) + "."]
     text += ["", "## Runs that failed", ""]
     text += [f"- {r['task']} {LABELS[r['method']]} M={r['workers']} seed {r['seed']} straggler {r['straggler']:g}: "
              f"`{r['command']}` ended with: {' / '.join(r['failed'][-3:])}" for r in failed] or ["None."]

@@ -111,6 +111,8 @@ def join(device: int = -1) -> int:
         return 0
     if rt.horovod is not None:
         return rt.horovod.join(device)
+    if rt.join_counter is None:
+        raise HvdDcasgdError("hvd_dcasgd: join() without Horovod needs MPI one-sided windows, which could not be created")
     arrival = rt.join_counter.next()
     last = rt.worker_rank if arrival % rt.num_workers == rt.num_workers - 1 else -1
     return rt.workers.allreduce(last, op=rt.mpi.MAX)

@@ -5,7 +5,9 @@ communicator (the server rank stays out), so that a script's own Horovod
 calls -- ``horovod.torch.allreduce``, ``join``, ... -- work among the workers,
 and ``compensation="horovod"`` can run Horovod's own synchronous
 ``DistributedOptimizer`` as the baseline.  ``HVD_DCASGD_HOROVOD=0`` turns the
-integration off; ``=1`` makes a missing Horovod an error.
+integration off; ``=1`` makes a missing Horovod an error.  Under Open MPI's
+osc/pt2pt (one-sided over TCP), which refuses ``MPI_THREAD_MULTIPLE``, the
+workers run without Horovod.
 """
 
 from __future__ import annotations
@@ -32,14 +34,29 @@ def _setting() -> str:
     return setting
 
 
+def _pt2pt_selected() -> bool:
+    """Open MPI's one-sided component over TCP was asked for (``--mca osc
+    pt2pt`` reaches the ranks as ``OMPI_MCA_osc``): it refuses the thread
+    level Horovod needs."""
+    return "pt2pt" in os.environ.get("OMPI_MCA_osc", "").split(",")
+
+
 def horovod_wanted() -> bool:
-    """Whether the workers should become a Horovod job: installed and not turned off."""
+    """Whether the workers should become a Horovod job: installed, not turned
+    off, and not under Open MPI's osc/pt2pt."""
     setting = _setting()
     if setting == "0":
         return False
     installed = importlib.util.find_spec("horovod") is not None
     if setting == "1" and not installed:
         raise HvdDcasgdError(f"hvd_dcasgd: HVD_DCASGD_HOROVOD=1, but {INSTALL_HINT}.")
+    if installed and _pt2pt_selected():
+        if setting == "1":
+            raise HvdDcasgdError(
+                "hvd_dcasgd: HVD_DCASGD_HOROVOD=1, but Open MPI's osc/pt2pt (selected with --mca osc pt2pt) "
+                "refuses MPI_THREAD_MULTIPLE, which Horovod needs; use another one-sided component or HVD_DCASGD_HOROVOD=0."
+            )
+        return False
     return installed
 
 

@@ -213,7 +213,7 @@ def _agree_on_method(rt: Runtime, method: str) -> None:
         return
     answers = rt.world.allgather((method, rt.role == SERVER or rt.horovod is not None))
     methods = sorted({m for m, _ in answers})
-    if len(methods) > 1:
+    if "horovod" in methods and len(methods) > 1:  # other mismatches: the session's agreement check names them
         raise HvdDcasgdError(
             f"hvd_dcasgd: the ranks were asked for different methods ({', '.join(methods)}); "
             "set the same compensation (or HVD_DCASGD_COMPENSATION) on every rank.",

@@ -103,7 +103,10 @@ def init(comm: Any = None) -> None:
         if _runtime.horovod is None:
             from mpi4py.util.sync import Counter
 
-            _runtime.join_counter = Counter(comm=workers)
+            try:
+                _runtime.join_counter = Counter(comm=workers)
+            except mpi.Exception:  # no one-sided support here: the optimizer explains why, join() says so
+                pass
     atexit.register(shutdown)
     sys.excepthook = _abort_on_uncaught(sys.excepthook, world)
 

@@ -206,7 +206,7 @@ def _agree_on_method(rt: Runtime, method: str) -> None:
     """Every rank must run the same method, and Horovod's baseline needs
     Horovod on every worker: otherwise the same clear error on every rank."""
     if method not in METHODS:
-        raise HvdDcasgdError(f"hvd_dcasgd: unknown compensation {method!r}; choose one of {', '.join(METHODS)}")
+        raise ValueError(f"hvd_dcasgd: unknown compensation {method!r}; choose one of {', '.join(METHODS)}")
     if rt.role == LOCAL:
         if method == "horovod":
             require_horovod(rt.horovod, 'compensation="horovod"')

@@ -68,4 +68,5 @@ if method == "horovod":  # synchronous: every worker holds the same weights
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).unsqueeze(0)
     gathered = hvd.allgather(flat)
     assert torch.equal(gathered.min(0).values, gathered.max(0).values), "Horovod's workers diverged"
-print("AGREE " + json.dumps(results, sort_keys=True), flush=True)
+sys.stdout.write("AGREE " + json.dumps(results, sort_keys=True) + "\n")  # one write: lines of ranks do not interleave
+sys.stdout.flush()

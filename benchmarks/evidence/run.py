@@ -321,13 +321,9 @@ def plots(records: List[Dict], scale: Scale, out: Path) -> List[str]:
                     ys = [100 * mean(c[i] for c in curves) for i in range(length)]
                     ax.plot(range(1, length + 1), ys, color=colors[method], label=label,
                             linestyle="--" if method == "sgd" else "-")
-            ax.set_title(f"{task}, {'simulator' if source == 'simulator' else 'real MPI'}, M={workers}")
-            ax.set_xlabel("epoch")
-            ax.set_ylabel("test error %")
-            ax.grid(alpha=0.3)
-        axes[0][0].legend(fontsize=8)
-        fig.tight_layout()
-        names.append(save(fig, out, f"error_vs_epoch_{task}.png"))
+            label_axes(ax, f"{task}, {'simulator' if source == 'simulator' else 'real MPI'}, M={workers}",
+                       "epoch", "test error %")
+        names.append(save(fig, out, f"error_vs_epoch_{task}.png", legend_on=[axes[0][0]]))
 
         stragglers = sorted({r["straggler"] for r in select(records, source="mpi", task=task)})
         if stragglers:
@@ -339,14 +335,10 @@ def plots(records: List[Dict], scale: Scale, out: Path) -> List[str]:
                         ys = [100 * 0.9] + [100 * e for _, _, e in r["curve"]]
                         ax.plot(xs, ys, color=colors[r["method"]], label=LABELS[r["method"]],
                                 linestyle="--" if r["method"] == "sgd" else "-", marker=".")
-                ax.set_title(f"{task}, real MPI, M={scale.mpi_workers[0]}"
-                             + (f", one worker {straggler:g}x slower" if straggler != 1.0 else ""))
-                ax.set_xlabel("wall-clock seconds")
-                ax.set_ylabel("test error %")
-                ax.grid(alpha=0.3)
-            axes[0][0].legend(fontsize=8)
-            fig.tight_layout()
-            names.append(save(fig, out, f"error_vs_seconds_{task}.png"))
+                label_axes(ax, f"{task}, real MPI, M={scale.mpi_workers[0]}"
+                           + (f", one worker {straggler:g}x slower" if straggler != 1.0 else ""),
+                           "wall-clock seconds", "test error %")
+            names.append(save(fig, out, f"error_vs_seconds_{task}.png", legend_on=[axes[0][0]]))
 
     fig, axes = plt.subplots(1, len(scale.tasks), figsize=(5.5 * len(scale.tasks), 3.6), squeeze=False)
     workers = scale.mpi_workers[0]
@@ -364,14 +356,10 @@ def plots(records: List[Dict], scale: Scale, out: Path) -> List[str]:
                 total = sum(counts.values())
                 xs = sorted(counts)
                 ax.plot(xs, [counts[x] / total for x in xs], marker="o", markersize=3, label=label)
-        ax.set_title(f"{task}: staleness of applied gradients, M={workers}")
-        ax.set_xlabel("staleness (server updates)")
-        ax.set_ylabel("fraction of gradients")
+        label_axes(ax, f"{task}: staleness of applied gradients, M={workers}", "staleness (server updates)",
+                   "fraction of gradients")
         ax.set_xlim(-0.5, 4 * workers)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    names.append(save(fig, out, "staleness.png"))
+    names.append(save(fig, out, "staleness.png", legend_on=axes[0]))
 
     sweep_workers = sweep_size(scale)
     fig, axes = plt.subplots(1, len(scale.tasks), figsize=(5 * len(scale.tasks), 3.4), squeeze=False)
@@ -388,19 +376,25 @@ def plots(records: List[Dict], scale: Scale, out: Path) -> List[str]:
                         yerr=[stdev(e) if len(e) > 1 else 0 for _, e in points], marker="o", capsize=3,
                         color=colors[method], label=LABELS[method])
         ax.set_xscale("log")
-        ax.set_xlabel("lambda_0")
-        ax.set_ylabel("final test error %")
-        ax.set_title(f"{task}, simulator, M={sweep_workers}")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    names.append(save(fig, out, "lambda_sweep.png"))
+        label_axes(ax, f"{task}, simulator, M={sweep_workers}", "lambda_0", "final test error %")
+    names.append(save(fig, out, "lambda_sweep.png", legend_on=axes[0]))
     return names
 
 
-def save(fig, out: Path, name: str) -> str:
+def label_axes(ax, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+
+
+def save(fig, out: Path, name: str, legend_on) -> str:
+    """Legends on the axes ``legend_on``, then the figure as ``out/name``; returns ``name``."""
     import matplotlib.pyplot as plt
 
+    for ax in legend_on:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
     fig.savefig(out / name, dpi=110)
     plt.close(fig)
     return name

@@ -111,7 +111,7 @@ def main():
     if hvd.rank() == 0:
         print(
             f"final test accuracy {accuracy(model, x_test, y_test):.4f} "
-            f"(compensation {optimizer.compensation.mode}, {hvd.size()} workers, "
+            f"(compensation {optimizer.method}, {hvd.size()} workers, "
             f"{time.perf_counter() - started:.1f} s)",
             flush=True,
         )

@@ -28,6 +28,7 @@ from .compression import Compression
 from .errors import HvdDcasgdError
 from .optimizer import METHODS, DistributedOptimizer
 from .runtime import init, is_initialized, is_server, local_rank, local_size, rank, shutdown, size
+from .simulator import simulate
 
 __version__ = "0.1.0"
 
@@ -59,5 +60,6 @@ __all__ = [
     "local_size",
     "rank",
     "shutdown",
+    "simulate",
     "size",
 ]

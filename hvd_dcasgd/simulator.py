@@ -71,7 +71,7 @@ class DelayModel:
     ``next_worker`` gets the workers that still have steps to make."""
 
     def reset(self, workers: int, generator: torch.Generator) -> None:
-        self.workers, self.generator = workers, generator
+        self.generator = generator
 
     def next_worker(self, active: Sequence[int]) -> int:
         raise NotImplementedError

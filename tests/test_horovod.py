@@ -36,6 +36,11 @@ def horovodrun(np, program, *args, env=None, timeout=240):
     return run(cmd, env=env, timeout=timeout)
 
 
+def launch(launcher: str, np: int, program, *args):
+    """``program`` on ``np`` ranks under ``horovodrun`` or ``mpirun``."""
+    return (horovodrun if launcher == "horovodrun" else mpirun)(np, program, *args, timeout=240)
+
+
 def final_accuracy(output: str) -> float:
     """The last test accuracy worker 0 printed, as a fraction."""
     found = re.findall(r"Accuracy: ([0-9.]+)%", output)
@@ -94,10 +99,7 @@ def test_the_drop_in_example_differs_from_horovods_by_its_import_only():
 @needs_horovod
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
 def test_plain_horovod_example_trains(launcher):
-    if launcher == "horovodrun":
-        result = horovodrun(2, PLAIN, "--epochs", 6)
-    else:
-        result = mpirun(2, PLAIN, "--epochs", 6, timeout=240)
+    result = launch(launcher, 2, PLAIN, "--epochs", 6)
     assert result.returncode == 0, result.stdout[-4000:]
     assert final_accuracy(result.stdout) > 0.8
 
@@ -106,10 +108,7 @@ def test_plain_horovod_example_trains(launcher):
 def test_drop_in_example_trains_asynchronously(launcher):
     if launcher == "horovodrun" and not HOROVOD_INSTALLED:
         pytest.skip("Horovod is not installed, so there is no horovodrun: `bash .ci/setup.sh` builds it")
-    if launcher == "horovodrun":
-        result = horovodrun(3, OURS, "--epochs", 6)
-    else:
-        result = mpirun(3, OURS, "--epochs", 6, timeout=240)
+    result = launch(launcher, 3, OURS, "--epochs", 6)
     assert result.returncode == 0, result.stdout[-4000:]
     assert final_accuracy(result.stdout) > 0.8
     assert "hvd_dcasgd server: " in result.stdout, result.stdout[-2000:]  # the parameter server ran

@@ -39,8 +39,8 @@ def main() -> None:
     w, w_bak, g = (torch.randn(n, device=device) for _ in range(3))
     contenders = {
         "plain copy of the same bytes": lambda: target.copy_(source),
-        "reference (unfused torch ops), constant": lambda: dcasgd_(
-            [g], [w], [w_bak], None, lambda_0=0.04, lr=1e-3, foreach=False, fused=False),
+        "reference compensation (unfused torch ops), constant": lambda: dcasgd_(
+            [g], [w], [w_bak], None, lambda_0=0.04, foreach=False, fused=False),
     }
     for optimizer_name, make in (
         ("SGD", lambda p: torch.optim.SGD(p, lr=1e-3)),

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from hvd_dcasgd.channel import ServerChannel, control_words
 from hvd_dcasgd.compensation import Compensation
-from hvd_dcasgd.layout import ModelLayout, PushMessage
+from hvd_dcasgd.endpoints import open_server
+from hvd_dcasgd.layout import ModelLayout
 from hvd_dcasgd.mpi import load_mpi
 from hvd_dcasgd.server import ParameterServer
-from hvd_dcasgd.telemetry import Telemetry
-from hvd_dcasgd.transport import ControlWords, Mailboxes
 
 
 def flat_model(numel: int) -> torch.nn.Module:
@@ -23,14 +21,9 @@ def flat_model(numel: int) -> torch.nn.Module:
 def single_rank_server(model: torch.nn.Module, optimizer: torch.optim.Optimizer, mode: str, workers: int,
                        device: torch.device) -> ParameterServer:
     """A ParameterServer over real MPI windows on this rank alone (COMM_SELF)."""
-    mpi = load_mpi()
     layout = ModelLayout.of(optimizer, model.named_parameters())
-    control = ControlWords(mpi, mpi.COMM_SELF, control_words(workers))
-    inbox = PushMessage.size(layout, layout.dtype)
-    mailboxes = Mailboxes(mpi, mpi.COMM_SELF, workers, inbox, layout.numel * layout.dtype.itemsize)
-    channel = ServerChannel(control, mailboxes, workers)
-    server = ParameterServer(optimizer, layout, Compensation(mode), mailboxes, channel, layout.dtype, device,
-                             Telemetry(workers))
+    server = open_server(load_mpi().COMM_SELF, optimizer, layout, Compensation(mode), num_workers=workers,
+                         device=device)
     for message in server.messages:
         message.gradient.normal_()
         message.lrs.fill_(1e-3)

@@ -69,6 +69,10 @@ class WorkerChannel:
         while not self.control.load(self._closed_word):
             backoff.wait()
 
+    def free(self) -> None:
+        """Free both windows (collective, with the server's :meth:`ServerChannel.free`)."""
+        free_windows(self.control, self.mailboxes)
+
 
 class ServerChannel:
     """The server's end: find pushed gradients, answer them, close."""
@@ -105,3 +109,13 @@ class ServerChannel:
     def close(self) -> None:
         """Tell every worker that the session is over."""
         self.control.store(self.control.count - 1, 1)
+
+    def free(self) -> None:
+        """Free both windows (collective, with every worker's :meth:`WorkerChannel.free`)."""
+        free_windows(self.control, self.mailboxes)
+
+
+def free_windows(control: ControlWords, mailboxes: Mailboxes) -> None:
+    """Free the two windows, in the same order on every rank."""
+    control.free()
+    mailboxes.free()

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple, Union
 import torch
 
 from .errors import HvdDcasgdError
-from .layout import byte_view
+from .tensors import broadcast_, byte_view
 from .runtime import WORKER, runtime
 
 #: Reduction operations, by Horovod's names.
@@ -89,18 +89,9 @@ def broadcast_parameters(
     if session is not None and session.server_holds_weights:
         comm.Barrier()  # every worker is here, so no push is in flight while the server changes
         if comm.Get_rank() == root_rank:
-            session.requests.ask(session.state_for_server(items))
+            session.restore_on_server(items)
         session.register_buffers([t for _, t in items])
     broadcast_(comm, [t for _, t in items], root_rank)
-
-
-def broadcast_(comm: Any, tensors: Iterable[torch.Tensor], root: int) -> None:
-    """Broadcast ``tensors`` (any device) in place from ``root`` of ``comm``."""
-    for tensor in tensors:
-        host = tensor.detach().to("cpu", copy=True).contiguous()
-        comm.Bcast(byte_view(host), root=root)
-        with torch.no_grad():
-            tensor.copy_(host)
 
 
 def join(device: int = -1) -> int:

@@ -1,50 +1,186 @@
 """Delay compensation for stale gradients (DC-ASGD, Zheng et al., ICML 2017).
 
-The functional core of the project, shaped like ``torch.optim.sgd``: one
-function, :func:`dcasgd_`, with a single-tensor reference that reads like the
-paper's Eq. 10, a multi-tensor (``foreach``) implementation, and a fused
-implementation (a C kernel, or torch ops on cache-sized chunks where it cannot
-be built) so that the whole server update costs one pass over memory.
+A *compensation* turns the gradient ``g`` that worker m computed on the
+weights ``w_bak(m)`` into the gradient applied to the current weights ``w``.
+Each is one small class in :data:`COMPENSATIONS`, registered with
+:func:`register_compensation`: it declares the per-element state it keeps
+(:meth:`CompensationRule.state`), transforms a gradient
+(:meth:`CompensationRule.compensate_`) and, when the fused C kernel computes
+it, says how (:meth:`CompensationRule.kernel`).  The built-in ones:
 
-For a gradient ``g`` computed by worker m on the weights ``w_bak(m)`` and
-applied to the current weights ``w``::
+* ``none`` (ASGD): ``g``;
+* ``constant`` (DC-ASGD-c): ``g + lambda_0 * g * g * (w - w_bak(m))``;
+* ``adaptive`` (DC-ASGD-a): ``MeanSquare = m * MeanSquare + (1 - m) * g * g``,
+  then ``g + lambda_0 / sqrt(MeanSquare + eps) * g * g * (w - w_bak(m))``.
 
-    g_c = g + lambda_t * g * g * (w - w_bak(m))
-
-with ``lambda_t = lambda_0`` (DC-ASGD-c) or, when a ``mean_square`` tensor is
-given, ``lambda_t = lambda_0 / sqrt(MeanSquare + eps)`` element-wise after
-``MeanSquare = m * MeanSquare + (1 - m) * g * g`` (DC-ASGD-a).
+The paper's formula is :func:`dcasgd_`, shaped like ``torch.optim.sgd``: a
+single-tensor reference that reads like Eq. 10, a multi-tensor (``foreach``)
+implementation, and a fused one (the C kernel of :mod:`native`, or torch ops on
+cache-sized chunks where it cannot be built) that reads and writes each
+element once.  What the server does with the compensated gradient -- the
+optimizer's step -- is :mod:`hvd_dcasgd.update`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence
+from typing import ClassVar, Dict, List, NamedTuple, Optional, Sequence, Type
 
 import torch
 from torch import Tensor
 
 from . import native
+from .errors import HvdDcasgdValueError
 
-__all__ = ["Compensation", "MODES", "dcasgd_"]
+__all__ = [
+    "COMPENSATIONS", "Compensation", "CompensationRule", "CompensationState", "GLOBAL", "KernelCall", "MODES",
+    "PER_WORKER", "SCHEDULES", "compensation_rule", "dcasgd_", "register_compensation",
+]
 
-#: Every training mode a server understands.  ``none`` is plain ASGD, ``sync``
-#: is synchronous SGD (the paper's SSGD baseline); neither compensates.
-MODES = ("none", "constant", "adaptive", "sync")
+#: Where a compensation's state lives: one tensor shared by every worker
+#: (the paper's MeanSquare) or one per worker (the authors' code).
+GLOBAL, PER_WORKER = "global", "per_worker"
+
+#: How the server takes pushes: each on its own as it arrives (``async``:
+#: ASGD and DC-ASGD), or one averaged update per round of one push from every
+#: worker (``sync``: the paper's SSGD baseline).
+SCHEDULES = ("async", "sync")
 
 #: Elements per chunk of the fused implementation: four such float32 chunks
 #: (w, w_bak, g and one temporary) stay inside a core's L2/L3 cache.
 FUSED_CHUNK = 262144
 
 
+# --- the registry -----------------------------------------------------------
+class KernelCall(NamedTuple):
+    """How the C kernel computes a compensation: its ``lambda_0`` and the name
+    of the state tensor it uses as MeanSquare (``None``: a constant lambda)."""
+
+    lambda_0: float
+    mean_square: Optional[str] = None
+
+
+class CompensationRule:
+    """A way to correct a stale gradient.  Subclass, set ``name`` (and
+    ``default_lambda_0``), implement :meth:`compensate_`, and decorate with
+    :func:`register_compensation`; every rank, the server's update, the
+    checkpoints and the ``compensation=`` option then know it."""
+
+    name: ClassVar[str]
+    default_lambda_0: ClassVar[float] = 0.0
+
+    def state(self, settings: "Compensation") -> Dict[str, str]:
+        """The per-element tensors this rule keeps, zero at the start, by
+        name, each :data:`GLOBAL` or :data:`PER_WORKER`."""
+        return {}
+
+    def compensate_(self, grads: List[Tensor], weights: List[Tensor], backups: List[Tensor],
+                    state: Dict[str, List[Tensor]], settings: "Compensation", *, impl: str) -> None:
+        """Replace each of ``grads`` by its compensated value, in place.
+        ``state`` holds this worker's state tensors, one list entry per
+        gradient; ``impl`` is ``"reference"``, ``"foreach"`` or ``"fused"``
+        (a rule with one implementation may ignore it)."""
+        raise NotImplementedError
+
+    def kernel(self, settings: "Compensation") -> Optional[KernelCall]:
+        """How the fused C kernel computes this rule together with SGD's
+        step, or ``None`` when it cannot (the update then compensates with
+        :meth:`compensate_` and lets the optimizer step)."""
+        return None
+
+
+#: Every compensation by name, in registration order.
+COMPENSATIONS: Dict[str, CompensationRule] = {}
+
+
+def register_compensation(cls: Type[CompensationRule]) -> Type[CompensationRule]:
+    """Class decorator: make ``cls`` available as ``compensation=cls.name``."""
+    if cls.name in COMPENSATIONS or cls.name in ("sync", "horovod"):
+        raise HvdDcasgdValueError(f"hvd_dcasgd: a compensation named {cls.name!r} exists already")
+    COMPENSATIONS[cls.name] = cls()
+    return cls
+
+
+def compensation_rule(name: str) -> CompensationRule:
+    """The registered rule called ``name``, or a clear error naming them all."""
+    try:
+        return COMPENSATIONS[name]
+    except KeyError:
+        raise HvdDcasgdValueError(
+            f"hvd_dcasgd: unknown compensation {name!r}; choose one of {', '.join(MODES)}"
+        ) from None
+
+
+def _impl_flags(impl: str) -> Dict[str, bool]:
+    return {"foreach": impl == "foreach", "fused": impl == "fused"}
+
+
+@register_compensation
+class NoCompensation(CompensationRule):
+    """ASGD: the stale gradient as it came."""
+
+    name = "none"
+
+    def compensate_(self, grads, weights, backups, state, settings, *, impl):
+        pass
+
+    def kernel(self, settings):
+        return KernelCall(0.0)
+
+
+@register_compensation
+class ConstantCompensation(CompensationRule):
+    """DC-ASGD-c: ``g + lambda_0 * g * g * (w - w_bak)``; the paper's CIFAR-10 lambda_0."""
+
+    name = "constant"
+    default_lambda_0 = 0.04
+
+    def compensate_(self, grads, weights, backups, state, settings, *, impl):
+        if settings.lambda_0 > 0:
+            dcasgd_(grads, weights, backups, None, lambda_0=settings.lambda_0, **_impl_flags(impl))
+
+    def kernel(self, settings):
+        return KernelCall(settings.lambda_0)
+
+
+@register_compensation
+class AdaptiveCompensation(CompensationRule):
+    """DC-ASGD-a: lambda scaled element-wise by ``1 / sqrt(MeanSquare + eps)``."""
+
+    name = "adaptive"
+    default_lambda_0 = 2.0
+
+    def state(self, settings):
+        return {"mean_square": PER_WORKER if settings.per_worker_mean_square else GLOBAL}
+
+    def compensate_(self, grads, weights, backups, state, settings, *, impl):
+        if settings.lambda_0 > 0:
+            dcasgd_(grads, weights, backups, state["mean_square"], lambda_0=settings.lambda_0,
+                    mean_square_momentum=settings.mean_square_momentum, eps=settings.eps, **_impl_flags(impl))
+
+    def kernel(self, settings):
+        return KernelCall(settings.lambda_0, "mean_square")
+
+
+#: The training modes a server understands by name: every built-in
+#: compensation, and ``sync``, the shorthand for ``none`` on the ``sync``
+#: schedule.  A registered compensation is a mode too.
+MODES = (*COMPENSATIONS, "sync")
+
+
+# --- the settings -----------------------------------------------------------
 @dataclass(frozen=True)
 class Compensation:
-    """What the server does to a stale gradient before the optimizer sees it.
+    """What the server does to a stale gradient, and when it applies one.
 
-    ``lambda_0`` defaults to the paper's CIFAR-10 values: 0.04 for
-    ``constant``, 2.0 for ``adaptive``.  ``per_worker_mean_square`` keeps one
-    MeanSquare per worker (the authors' code) instead of the paper's global one.
+    ``mode`` names a registered compensation (``none``, ``constant``,
+    ``adaptive``, ...); ``mode="sync"`` is the shorthand for ``mode="none",
+    schedule="sync"``.  ``lambda_0`` defaults to the rule's (the paper's
+    CIFAR-10 values: 0.04 for ``constant``, 2.0 for ``adaptive``).
+    ``per_worker_mean_square`` keeps one MeanSquare per worker (the authors'
+    code) instead of the paper's global one.  ``schedule`` is ``async`` or
+    ``sync`` (see :data:`SCHEDULES`).
     """
 
     mode: str = "adaptive"
@@ -52,29 +188,66 @@ class Compensation:
     mean_square_momentum: float = 0.95
     eps: float = 1e-7
     per_worker_mean_square: bool = False
+    schedule: str = "async"
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(
-                f"hvd_dcasgd: unknown compensation {self.mode!r}; choose one of {', '.join(MODES)}"
+        if self.mode == "sync":
+            object.__setattr__(self, "mode", "none")
+            object.__setattr__(self, "schedule", "sync")
+        if self.schedule not in SCHEDULES:
+            raise HvdDcasgdValueError(
+                f"hvd_dcasgd: unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}"
             )
+        rule = compensation_rule(self.mode)
         if self.lambda_0 is None:
-            object.__setattr__(self, "lambda_0", {"constant": 0.04, "adaptive": 2.0}.get(self.mode, 0.0))
+            object.__setattr__(self, "lambda_0", rule.default_lambda_0)
         if not (self.lambda_0 >= 0.0 and math.isfinite(self.lambda_0)):
-            raise ValueError(f"hvd_dcasgd: lambda_0 must be a finite number >= 0, got {self.lambda_0}")
+            raise HvdDcasgdValueError(f"hvd_dcasgd: lambda_0 must be a finite number >= 0, got {self.lambda_0}")
         if not 0.0 <= self.mean_square_momentum < 1.0:
-            raise ValueError("hvd_dcasgd: mean_square_momentum must lie in [0, 1)")
+            raise HvdDcasgdValueError("hvd_dcasgd: mean_square_momentum must lie in [0, 1)")
 
     @property
-    def compensates(self) -> bool:
-        """True when the mode applies the Taylor correction at all."""
-        return self.mode in ("constant", "adaptive") and self.lambda_0 > 0.0
-
-    @property
-    def adaptive(self) -> bool:
-        return self.mode == "adaptive"
+    def rule(self) -> CompensationRule:
+        return COMPENSATIONS[self.mode]
 
 
+class CompensationState:
+    """The state tensors a compensation keeps (MeanSquare), flat like the
+    model, zero at the start: one per worker or one shared, as the rule says."""
+
+    def __init__(self, settings: Compensation, like: Tensor, num_workers: int):
+        self.scopes = settings.rule.state(settings)
+        self.tensors: Dict[str, List[Tensor]] = {
+            name: [torch.zeros_like(like) for _ in range(num_workers if scope == PER_WORKER else 1)]
+            for name, scope in self.scopes.items()
+        }
+
+    def of(self, worker: int) -> Dict[str, Tensor]:
+        """Worker ``worker``'s state: its own tensors, or the shared ones."""
+        return {name: tensors[worker if self.scopes[name] == PER_WORKER else 0]
+                for name, tensors in self.tensors.items()}
+
+    def state_dict(self) -> Dict[str, List[Tensor]]:
+        return {name: [t.detach().to("cpu", copy=True) for t in tensors] for name, tensors in self.tensors.items()}
+
+    def check(self, state: Dict[str, List[Tensor]]) -> None:
+        """Raise unless ``state`` has exactly these tensors, shaped alike."""
+        if sorted(state) != sorted(self.tensors):
+            raise HvdDcasgdValueError(f"hvd_dcasgd: compensation state {sorted(state)}, expected {sorted(self.tensors)}")
+        for name, tensors in self.tensors.items():
+            shapes = [tuple(t.shape) for t in state[name]]
+            if shapes != [tuple(t.shape) for t in tensors]:
+                raise HvdDcasgdValueError(f"hvd_dcasgd: compensation state {name!r} has shapes {shapes}, expected "
+                                          f"{len(tensors)} of {tuple(tensors[0].shape)}")
+
+    def load_state_dict(self, state: Dict[str, List[Tensor]]) -> None:
+        self.check(state)
+        for name, tensors in self.tensors.items():
+            for target, value in zip(tensors, state[name]):
+                target.copy_(value)
+
+
+# --- the paper's formula ----------------------------------------------------
 def dcasgd_(
     grads: Sequence[Tensor],
     weights: Sequence[Tensor],
@@ -84,25 +257,20 @@ def dcasgd_(
     lambda_0: float,
     mean_square_momentum: float = 0.95,
     eps: float = 1e-7,
-    lr: Optional[float] = None,
     foreach: Optional[bool] = None,
     fused: Optional[bool] = None,
 ) -> None:
-    """Delay-compensate ``grads`` against ``weights - backups``, in place.
-
-    Without ``lr``, each gradient is replaced by its compensated value, ready
-    for any optimizer.  With ``lr``, the function instead performs the whole
-    plain-SGD server update of the paper's Algorithm 2 -- ``w -= lr * g_c``,
-    then ``w_bak = w`` -- and leaves ``grads`` as they came in, so that the
-    fused implementation reads w, w_bak, g and writes w, w_bak exactly once.
-    ``mean_squares`` (adaptive mode) are updated in place; pass ``None`` for a
-    constant lambda.  ``foreach``/``fused`` pick the implementation; by default
-    the fused one is used for contiguous CPU float tensors.
+    """Delay-compensate ``grads`` against ``weights - backups``, in place:
+    each gradient is replaced by its compensated value, ready for any
+    optimizer.  ``mean_squares`` (adaptive) are updated in place; pass
+    ``None`` for a constant lambda.  ``foreach``/``fused`` pick the
+    implementation; by default the fused one is used for contiguous CPU
+    tensors (one pass over memory), ``foreach`` elsewhere (a GPU).
     """
     if not (len(grads) == len(weights) == len(backups)):
-        raise ValueError("hvd_dcasgd: grads, weights and backups must have the same length")
+        raise HvdDcasgdValueError("hvd_dcasgd: grads, weights and backups must have the same length")
     if mean_squares is not None and len(mean_squares) != len(grads):
-        raise ValueError("hvd_dcasgd: one mean_square tensor per gradient is needed")
+        raise HvdDcasgdValueError("hvd_dcasgd: one mean_square tensor per gradient is needed")
     if fused is None and foreach is None:
         fused = all(t.device.type == "cpu" and t.is_contiguous() for t in (*grads, *weights, *backups))
         foreach = not fused
@@ -120,7 +288,6 @@ def dcasgd_(
         lambda_0=lambda_0,
         mean_square_momentum=mean_square_momentum,
         eps=eps,
-        lr=lr,
     )
 
 
@@ -133,7 +300,6 @@ def _single_tensor_dcasgd(
     lambda_0: float,
     mean_square_momentum: float,
     eps: float,
-    lr: Optional[float],
 ) -> None:
     """Reference implementation: the paper's formulas, one tensor at a time."""
     for i, (g, w, w_bak) in enumerate(zip(grads, weights, backups)):
@@ -144,12 +310,7 @@ def _single_tensor_dcasgd(
             mean_square = mean_squares[i]
             mean_square.mul_(mean_square_momentum).add_((1 - mean_square_momentum) * g * g)
             lambda_t = lambda_0 / torch.sqrt(mean_square + eps)
-        compensated = g + lambda_t * g * g * (w - w_bak)
-        if lr is None:
-            grads[i].copy_(compensated)
-        else:
-            w.sub_(lr * compensated)
-            w_bak.copy_(w)
+        grads[i].copy_(g + lambda_t * g * g * (w - w_bak))
 
 
 def _multi_tensor_dcasgd(
@@ -161,7 +322,6 @@ def _multi_tensor_dcasgd(
     lambda_0: float,
     mean_square_momentum: float,
     eps: float,
-    lr: Optional[float],
 ) -> None:
     """The same arithmetic with ``torch._foreach`` ops over the whole list."""
     if not grads:
@@ -180,13 +340,8 @@ def _multi_tensor_dcasgd(
         torch._foreach_div_(correction, denom)
         torch._foreach_mul_(correction, lambda_0)
     torch._foreach_add_(correction, g)
-    if lr is None:
-        for dst, src in zip(grads, correction):
-            dst.copy_(src)
-    else:
-        torch._foreach_add_(weights, correction, alpha=-lr)
-        for w_bak, w in zip(backups, weights):
-            w_bak.copy_(w)
+    for dst, src in zip(grads, correction):
+        dst.copy_(src)
 
 
 def _fused_dcasgd(
@@ -198,15 +353,14 @@ def _fused_dcasgd(
     lambda_0: float,
     mean_square_momentum: float,
     eps: float,
-    lr: Optional[float],
 ) -> None:
-    """One pass over memory (read g, w, w_bak; write w, w_bak or g): the C
-    kernel of :mod:`native` for float32, else torch ops on cache-sized chunks,
-    so that each chunk's temporaries never leave the cache."""
+    """One pass over memory (read g, w, w_bak; write g): the C kernel of
+    :mod:`native` for float32, else torch ops on cache-sized chunks, so that
+    each chunk's temporaries never leave the cache."""
     for i, (grad, weight, backup) in enumerate(zip(grads, weights, backups)):
         g_all, w_all, b_all = grad.view(-1), weight.view(-1), backup.view(-1)
         ms_all = None if mean_squares is None else mean_squares[i].view(-1)
-        if native.dcasgd_f32(g_all, w_all, b_all, ms_all, lambda_0, mean_square_momentum, eps, lr):
+        if native.dcasgd_f32(g_all, w_all, b_all, ms_all, lambda_0, mean_square_momentum, eps, lr=None):
             continue
         numel = w_all.numel()
         if numel == 0:
@@ -221,20 +375,12 @@ def _fused_dcasgd(
             cast = g.dtype != w.dtype
             if cast:
                 g = scratch[2 * chunk : 2 * chunk + n].copy_(g)
-            if lr is not None and lambda_0 == 0.0 and ms_all is None:
-                w.add_(g, alpha=-lr)  # plain ASGD: nothing to compensate
-                w_bak.copy_(w)
-                continue
             correction = torch.sub(w, w_bak, out=scratch[:n]).mul_(g).mul_(g)  # g * g * (w - w_bak)
-            # without lr: g += lambda_t * correction; with lr: w -= lr * (g + lambda_t * correction)
-            target, scale = (g, lambda_0) if lr is None else (w.add_(g, alpha=-lr), -lr * lambda_0)
             if ms_all is None:
-                target.add_(correction, alpha=scale)
+                g.add_(correction, alpha=lambda_0)
             else:  # lambda_t = lambda_0 / sqrt(MeanSquare + eps)
                 ms = ms_all[start:end]
                 ms.mul_(mean_square_momentum).addcmul_(g, g, value=1 - mean_square_momentum)
-                target.addcdiv_(correction, torch.add(ms, eps, out=scratch[chunk : chunk + n]).sqrt_(), value=scale)
-            if lr is not None:
-                w_bak.copy_(w)
-            elif cast:
+                g.addcdiv_(correction, torch.add(ms, eps, out=scratch[chunk : chunk + n]).sqrt_(), value=lambda_0)
+            if cast:
                 g_all[start:end].copy_(g)

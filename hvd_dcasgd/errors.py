@@ -1,4 +1,13 @@
-"""The one exception type this package raises for problems a user can fix."""
+"""What this package raises and warns for problems a user can fix.
+
+Every error is an :class:`HvdDcasgdError` with a message of one sentence or
+two; :class:`HvdDcasgdValueError` is the one for a bad argument or setting (it
+is also a ``ValueError``, as those raises always were).  Warnings go through
+:func:`warn` with the category :class:`HvdDcasgdWarning`, so a script can
+filter them with the standard ``warnings`` machinery.
+"""
+
+import warnings
 
 
 class HvdDcasgdError(RuntimeError):
@@ -11,3 +20,17 @@ class HvdDcasgdError(RuntimeError):
     def __init__(self, message: str, collective: bool = False):
         super().__init__(message)
         self.collective = collective
+
+
+class HvdDcasgdValueError(HvdDcasgdError, ValueError):
+    """A bad argument or setting value."""
+
+
+class HvdDcasgdWarning(UserWarning):
+    """Something works, but not the way the user probably wants."""
+
+
+def warn(message: str, stacklevel: int = 3) -> None:
+    """Warn with :class:`HvdDcasgdWarning`, attributed to the caller's caller
+    (``stacklevel``): the line of the script that asked for what is warned of."""
+    warnings.warn(f"hvd_dcasgd: {message}", HvdDcasgdWarning, stacklevel=stacklevel)

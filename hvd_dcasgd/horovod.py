@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from types import ModuleType
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
-from .errors import HvdDcasgdError
+from .config import setting
+from .errors import HvdDcasgdError, warn
 
 #: What to tell a user who asks for Horovod where it is not installed.
 INSTALL_HINT = (
@@ -28,10 +28,7 @@ INSTALL_HINT = (
 
 
 def _setting() -> str:
-    setting = os.environ.get("HVD_DCASGD_HOROVOD", "auto").strip().lower() or "auto"
-    if setting not in ("auto", "0", "1"):
-        raise HvdDcasgdError(f"hvd_dcasgd: HVD_DCASGD_HOROVOD={setting!r}; use 0, 1 or auto")
-    return setting
+    return setting("HVD_DCASGD_HOROVOD") or "auto"
 
 
 def _pt2pt_selected() -> bool:
@@ -41,52 +38,68 @@ def _pt2pt_selected() -> bool:
     return "pt2pt" in os.environ.get("OMPI_MCA_osc", "").split(",")
 
 
-def horovod_wanted() -> bool:
-    """Whether the workers should become a Horovod job: installed, not turned
-    off, and not under Open MPI's osc/pt2pt."""
+def why_not_horovod() -> Optional[str]:
+    """``None`` when the workers should become a Horovod job (installed, not
+    turned off, not under osc/pt2pt); otherwise why not, in a few words.
+    Raises when ``HVD_DCASGD_HOROVOD=1`` asks for what cannot be."""
     setting = _setting()
     if setting == "0":
-        return False
-    installed = importlib.util.find_spec("horovod") is not None
-    if setting == "1" and not installed:
-        raise HvdDcasgdError(f"hvd_dcasgd: HVD_DCASGD_HOROVOD=1, but {INSTALL_HINT}.")
-    if installed and _pt2pt_selected():
+        return "HVD_DCASGD_HOROVOD=0 turned it off"
+    if importlib.util.find_spec("horovod") is None:
+        if setting == "1":
+            raise HvdDcasgdError(f"hvd_dcasgd: HVD_DCASGD_HOROVOD=1, but {INSTALL_HINT}.")
+        return INSTALL_HINT
+    if _pt2pt_selected():
         if setting == "1":
             raise HvdDcasgdError(
                 "hvd_dcasgd: HVD_DCASGD_HOROVOD=1, but Open MPI's osc/pt2pt (selected with --mca osc pt2pt) "
                 "refuses MPI_THREAD_MULTIPLE, which Horovod needs; use another one-sided component or HVD_DCASGD_HOROVOD=0."
             )
-        return False
-    return installed
+        return "Open MPI's osc/pt2pt (--mca osc pt2pt) refuses the MPI_THREAD_MULTIPLE Horovod needs"
+    return None
+
+
+def horovod_wanted() -> bool:
+    """Whether the workers should become a Horovod job (see :func:`why_not_horovod`)."""
+    return why_not_horovod() is None
 
 
 def _warn(reason: str) -> None:
-    print(f"hvd_dcasgd: warning: {reason}; the workers run without Horovod.", file=sys.stderr, flush=True)
+    warn(f"{reason}; the workers run without Horovod.", stacklevel=4)
 
 
-def start_horovod(mpi: ModuleType, comm: Any) -> Optional[ModuleType]:
-    """``horovod.torch`` initialised on ``comm`` (the workers), or ``None``
-    with a one-line warning when Horovod is wanted but cannot run."""
-    if not horovod_wanted():
-        return None
+def _load(mpi: ModuleType) -> Tuple[Optional[ModuleType], Optional[str]]:
+    """``horovod.torch`` if this process can start it, else why not."""
     if mpi.Query_thread() < mpi.THREAD_MULTIPLE:
-        _warn(
-            "Horovod needs MPI_THREAD_MULTIPLE and MPI was initialised below it "
-            "(mpi4py.MPI imported with a lower mpi4py.rc.thread_level, or HVD_DCASGD_THREAD_LEVEL)"
-        )
-        return None
+        return None, ("Horovod needs MPI_THREAD_MULTIPLE and MPI was initialised below it "
+                      "(mpi4py.MPI imported with a lower mpi4py.rc.thread_level, or HVD_DCASGD_THREAD_LEVEL)")
     try:
         import horovod.torch as horovod
     except Exception as exc:  # a broken build raises ImportError or OSError from its extension
-        _warn(f"Horovod is installed but cannot be loaded ({exc})")
-        return None
+        return None, f"Horovod is installed but cannot be loaded ({exc})"
+    return horovod, None
+
+
+def start_horovod(mpi: ModuleType, comm: Any) -> Tuple[Optional[ModuleType], Optional[str]]:
+    """``horovod.torch`` initialised on ``comm`` (the workers), or ``None`` and
+    why not.  Collective over ``comm``: Horovod starts on every rank of it or
+    on none (a rank that cannot would leave the others waiting in Horovod's
+    start-up).  Where Horovod was wanted and cannot run, each rank warns."""
+    horovod, reason = None, why_not_horovod()
+    wanted = reason is None
+    if wanted:
+        horovod, reason = _load(mpi)
+    if not comm.allreduce(horovod is not None, op=mpi.LAND):
+        reason = reason or "another worker cannot run Horovod (see its warning)"
+        if wanted:
+            _warn(reason)
+        return None, reason
     horovod.init(comm=comm)
-    return horovod
+    return horovod, None
 
 
-def require_horovod(horovod: Optional[ModuleType], what: str) -> ModuleType:
-    """``horovod`` itself, or the reason ``what`` cannot run without it."""
+def require_horovod(horovod: Optional[ModuleType], what: str, reason: Optional[str]) -> ModuleType:
+    """``horovod`` itself, or an error that says ``what`` needs it and ``reason`` it is not running."""
     if horovod is None:
-        reason = INSTALL_HINT if importlib.util.find_spec("horovod") is None else "Horovod is not running (see the warning above)"
-        raise HvdDcasgdError(f"hvd_dcasgd: {what} needs Horovod: {reason}.", collective=True)
+        raise HvdDcasgdError(f"hvd_dcasgd: {what} needs Horovod, which is not running: {reason}.", collective=True)
     return horovod

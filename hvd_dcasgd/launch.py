@@ -224,7 +224,7 @@ def open_mpi_options(args: argparse.Namespace, machine: Machine, hosts: Sequence
         plan.notes.append(PT2PT_NOTE)
 
     exported = passed_variables(environ)
-    if osc == "pt2pt":
+    if "pt2pt" in (osc or "").split(","):
         for name, value in (("HVD_DCASGD_THREAD_LEVEL", "serialized"), ("HVD_DCASGD_HOROVOD", "0")):
             exported.setdefault(name, value)
     for name, value in exported.items():
@@ -332,12 +332,12 @@ def local_gpus(environ: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(str(i) for i, _ in enumerate(line for line in listing.stdout.splitlines() if line.startswith("GPU ")))
 
 
-def has_ucx_rdma(mpirun: str) -> bool:
+def has_ucx_rdma(mpirun: str, environ: Mapping[str, str]) -> bool:
     """Whether Open MPI has osc/ucx and this node an RDMA device (InfiniBand, RoCE) for it to use."""
     rdma = Path("/sys/class/infiniband")
     if not (rdma.is_dir() and any(rdma.iterdir())):
         return False
-    ompi_info = shutil.which("ompi_info", path=os.pathsep.join([str(Path(mpirun).parent), os.environ.get("PATH", "")]))
+    ompi_info = shutil.which("ompi_info", path=os.pathsep.join([str(Path(mpirun).parent), environ.get("PATH", "")]))
     if not ompi_info:
         return False
     try:
@@ -357,7 +357,7 @@ def probe(args: argparse.Namespace, environ: Mapping[str, str]) -> Machine:
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0,
         cores=physical_cores(),
         gpus=local_gpus(environ) if args.gpus == "auto" else (),
-        ucx_rdma=flavour == OPEN_MPI and several_nodes and has_ucx_rdma(mpirun),
+        ucx_rdma=flavour == OPEN_MPI and several_nodes and has_ucx_rdma(mpirun, environ),
     )
 
 
@@ -401,7 +401,12 @@ def rank_exec(argv: Sequence[str]) -> int:
 
 def launch(argv: Sequence[str]) -> int:
     """Parse, check, build the command; print it (dry run) or replace this process with it."""
+    from .config import check_environment  # here: the per-rank step runs this file by path, outside the package
+
     args = parser().parse_args(argv)
+    problems = check_environment(os.environ)
+    if problems:
+        raise LaunchError(" ".join(p.removeprefix("hvd_dcasgd: ") for p in problems))
     if args.workers < 1:
         raise LaunchError(f"-n/--workers must be at least 1 (got {args.workers}).")
     if not Path(args.script).is_file():

@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-import numpy as np
 import torch
 
 from .errors import HvdDcasgdError
@@ -164,8 +163,3 @@ def flatten_into(flat: torch.Tensor, views: Sequence[torch.Tensor], tensors: Seq
             view.zero_()
         else:
             view.copy_(t)
-
-
-def byte_view(tensor: torch.Tensor) -> np.ndarray:
-    """The bytes of a contiguous CPU tensor, as a numpy array MPI can use."""
-    return tensor.reshape(-1).view(torch.uint8).numpy()

@@ -11,10 +11,10 @@ as ``serialized``: Open MPI's one-sided component over TCP (osc/pt2pt) refuses
 
 from __future__ import annotations
 
-import os
 import sys
 from types import ModuleType
 
+from .config import setting
 from .errors import HvdDcasgdError
 from .horovod import horovod_wanted
 
@@ -24,19 +24,23 @@ INSTALL_HINT = (
 )
 
 
+class MpiUnavailable(HvdDcasgdError):
+    """mpi4py or the MPI library it needs is missing: one process can still train locally."""
+
+
 def load_mpi() -> ModuleType:
     """Return ``mpi4py.MPI``, or raise a sentence that says what is missing."""
     if "mpi4py.MPI" not in sys.modules:
         try:
             import mpi4py
         except ImportError as exc:
-            raise HvdDcasgdError(f"hvd_dcasgd needs mpi4py, which is not installed: {INSTALL_HINT}.") from exc
+            raise MpiUnavailable(f"hvd_dcasgd needs mpi4py, which is not installed: {INSTALL_HINT}.") from exc
         default = "multiple" if horovod_wanted() else "serialized"
-        mpi4py.rc.thread_level = os.environ.get("HVD_DCASGD_THREAD_LEVEL", default)
+        mpi4py.rc.thread_level = setting("HVD_DCASGD_THREAD_LEVEL") or default
     try:
         from mpi4py import MPI
     except (ImportError, RuntimeError) as exc:
-        raise HvdDcasgdError(
+        raise MpiUnavailable(
             f"hvd_dcasgd could not load the MPI library ({exc}); {INSTALL_HINT}."
         ) from exc
     return MPI

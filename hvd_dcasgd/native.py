@@ -17,12 +17,14 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
 
 import torch
+
+from .config import setting
+from .errors import warn
 
 SOURCE = Path(__file__).with_name("dcasgd_kernel.c")
 FLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared"]
@@ -32,8 +34,8 @@ _tried = False
 
 
 def _cache_dir() -> Path:
-    if os.environ.get("HVD_DCASGD_CACHE"):
-        return Path(os.environ["HVD_DCASGD_CACHE"])
+    if setting("HVD_DCASGD_CACHE"):
+        return Path(setting("HVD_DCASGD_CACHE"))
     try:
         return Path.home() / ".cache" / "hvd_dcasgd"
     except RuntimeError:  # no home directory
@@ -68,12 +70,11 @@ def library() -> Optional[ctypes.CDLL]:
     global _library, _tried
     if not _tried:
         _tried = True
-        if os.environ.get("HVD_DCASGD_NATIVE", "1") != "0":
+        if setting("HVD_DCASGD_NATIVE") != "0":
             try:
                 _library = _build()
             except (OSError, AttributeError, subprocess.SubprocessError) as exc:
-                print(f"hvd_dcasgd: warning: the C compensation kernel is unavailable ({exc}); "
-                      "using torch ops, which are slower", file=sys.stderr, flush=True)
+                warn(f"the C compensation kernel is unavailable ({exc}); using torch ops, which are slower")
     return _library
 
 

@@ -13,25 +13,28 @@ workers, the server rank idle.
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from typing import Iterable, Iterator, Optional, Tuple, Type
 
 import torch
 
 from .collectives import Adasum, Average, Sum
-from .compensation import MODES, Compensation
+from .compensation import COMPENSATIONS, MODES, SCHEDULES, Compensation
 from .compression import Compression, Compressor
-from .errors import HvdDcasgdError
+from .config import setting
+from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .horovod import require_horovod
 from .layout import ModelLayout
 from .runtime import LOCAL, SERVER, WORKER, Runtime, runtime
-from .session import HorovodSession, idle_server, run_server, start_worker, to_cpu
+from .session import HorovodSession, idle_server, run_server, start_worker
+from .tensors import to_cpu
 
-#: Every training method: the server's modes (``none`` is ASGD, ``sync`` is
-#: SSGD, ``constant``/``adaptive`` are DC-ASGD-c/-a) and ``horovod``,
-#: Horovod's own synchronous allreduce among the workers.
+#: Every training method by its short name: the server's modes (``none`` is
+#: ASGD, ``sync`` is SSGD, ``constant``/``adaptive`` are DC-ASGD-c/-a) and
+#: ``horovod``, Horovod's own synchronous allreduce among the workers.
 METHODS = MODES + ("horovod",)
+#: Where training runs: the parameter server, or Horovod's allreduce among the workers.
+BACKENDS = ("server", "horovod")
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -105,23 +108,44 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._session.requests.ask({"kind": "load_optimizer_state", "state": to_cpu(state_dict)})
 
 
-def _from_env(name: str, value):
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return value
-    if name == "HVD_DCASGD_LAMBDA":
-        try:
-            return float(raw)
-        except ValueError:
-            raise HvdDcasgdError(f"hvd_dcasgd: {name}={raw!r} is not a number") from None
-    return raw
-
-
 def _server_device(requested: Optional[str]) -> torch.device:
-    requested = os.environ.get("HVD_DCASGD_SERVER_DEVICE") or requested
+    requested = setting("HVD_DCASGD_SERVER_DEVICE") or requested
     if requested:
         return torch.device(requested)
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def resolve_method(compensation: str, schedule: Optional[str], backend: Optional[str]) -> Tuple[str, str, str]:
+    """(compensation, schedule, backend) from the three settings, each
+    overridden by its environment variable; ``compensation="sync"`` and
+    ``"horovod"`` are shorthands for ``none`` on the sync schedule and for the
+    Horovod backend."""
+    compensation = setting("HVD_DCASGD_COMPENSATION") or compensation
+    schedule = setting("HVD_DCASGD_SCHEDULE") or schedule
+    backend = setting("HVD_DCASGD_BACKEND") or backend
+    if compensation == "horovod":
+        compensation, backend = "none", backend or "horovod"
+    elif compensation == "sync":
+        compensation, schedule = "none", schedule or "sync"
+    schedule, backend = schedule or "async", backend or "server"
+    if compensation not in COMPENSATIONS:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown compensation {compensation!r}; choose one of "
+                                  f"{', '.join(METHODS)}")
+    if schedule not in SCHEDULES:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if backend not in BACKENDS:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return compensation, schedule, backend
+
+
+def method_name(compensation: str, schedule: str, backend: str) -> str:
+    """The short name of a method (one of :data:`METHODS` for the built-in
+    ones): ``horovod``, ``sync``, or the compensation's name."""
+    if backend == "horovod":
+        return "horovod"
+    if schedule == "sync":
+        return "sync" if compensation == "none" else f"sync+{compensation}"
+    return compensation
 
 
 def DistributedOptimizer(
@@ -145,14 +169,24 @@ def DistributedOptimizer(
     trace: Optional[str] = None,
     server_device: Optional[str] = None,
     check_finite: bool = True,
+    schedule: Optional[str] = None,
+    backend: Optional[str] = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for asynchronous training with delay compensation.
 
-    ``compensation``: ``"adaptive"`` (DC-ASGD-a), ``"constant"`` (DC-ASGD-c),
-    ``"none"`` (ASGD), ``"sync"`` (synchronous SGD on the server) or
-    ``"horovod"`` (Horovod's own ``DistributedOptimizer``, which then gets
-    every Horovod argument); ``HVD_DCASGD_COMPENSATION`` and
-    ``HVD_DCASGD_LAMBDA`` override ``compensation`` and ``lambda_0``.
+    Arguments:
+        compensation: ``"adaptive"`` (DC-ASGD-a), ``"constant"`` (DC-ASGD-c),
+            ``"none"`` (ASGD) or any registered compensation; the shorthands
+            ``"sync"`` (``none`` on the ``sync`` schedule: synchronous SGD on
+            the server) and ``"horovod"`` (the ``horovod`` backend) keep working.
+        schedule: ``"async"`` (default: each push applied as it arrives) or
+            ``"sync"`` (one averaged update per round of pushes).
+        backend: ``"server"`` (default: the parameter server) or
+            ``"horovod"`` (Horovod's own ``DistributedOptimizer``, which then
+            gets every Horovod argument).
+        ``HVD_DCASGD_COMPENSATION``, ``HVD_DCASGD_SCHEDULE``,
+        ``HVD_DCASGD_BACKEND`` and ``HVD_DCASGD_LAMBDA`` override
+        ``compensation``, ``schedule``, ``backend`` and ``lambda_0``.
     Horovod's ``gradient_predivide_factor``, ``num_groups``, ``groups``,
     ``sparse_as_dense`` and ``process_set`` are accepted and have no effect
     (one flat message carries every gradient, dense); ``op`` must be Average.
@@ -163,9 +197,12 @@ def DistributedOptimizer(
     server's device, CUDA when it has one.  See the README for every option.
     """
     rt = runtime()
-    method = _from_env("HVD_DCASGD_COMPENSATION", compensation)
+    if rt.session is not None:
+        raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
+    compensation, schedule, backend = resolve_method(compensation, schedule, backend)
+    method = method_name(compensation, schedule, backend)
     _agree_on_method(rt, method)
-    if method == "horovod":
+    if backend == "horovod":
         return _horovod_optimizer(
             rt, optimizer, named_parameters, compression, backward_passes_per_step, op,
             gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
@@ -177,9 +214,11 @@ def DistributedOptimizer(
         )
     if backward_passes_per_step < 1:
         raise HvdDcasgdError("hvd_dcasgd: backward_passes_per_step must be at least 1")
+    lambda_env = setting("HVD_DCASGD_LAMBDA")
     settings = Compensation(
-        mode=method,
-        lambda_0=_from_env("HVD_DCASGD_LAMBDA", lambda_0),
+        mode=compensation,
+        schedule=schedule,
+        lambda_0=lambda_0 if lambda_env is None else lambda_env,
         mean_square_momentum=mean_square_momentum,
         eps=eps,
         per_worker_mean_square=per_worker_mean_square,
@@ -187,17 +226,13 @@ def DistributedOptimizer(
     layout = ModelLayout.of(optimizer, named_parameters, model)
     wire_dtype = compression.wire(layout.dtype)
     if rt.role == SERVER:
-        if rt.session is not None:
-            raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
-        trace = os.environ.get("HVD_DCASGD_TRACE") or trace
+        trace = setting("HVD_DCASGD_TRACE") or trace
         run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(server_device), trace)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, backward_passes_per_step)
     wrapped.compensation = settings
     wrapped.method = method
     if rt.role != LOCAL:
-        if rt.session is not None:
-            raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
         wrapped._session = start_worker(rt, wrapped, layout, settings, wire_dtype, model, check_finite)
     return wrapped
 
@@ -205,13 +240,11 @@ def DistributedOptimizer(
 def _agree_on_method(rt: Runtime, method: str) -> None:
     """Every rank must run the same method, and Horovod's baseline needs
     Horovod on every worker: otherwise the same clear error on every rank."""
-    if method not in METHODS:
-        raise ValueError(f"hvd_dcasgd: unknown compensation {method!r}; choose one of {', '.join(METHODS)}")
     if rt.role == LOCAL:
         if method == "horovod":
-            require_horovod(rt.horovod, 'compensation="horovod"')
+            require_horovod(rt.horovod, 'compensation="horovod"', rt.horovod_off)
         return
-    answers = rt.world.allgather((method, rt.role == SERVER or rt.horovod is not None))
+    answers = rt.world.allgather((method, rt.horovod_off if rt.role == WORKER else None))
     methods = sorted({m for m, _ in answers})
     if "horovod" in methods and len(methods) > 1:  # other mismatches: the session's agreement check names them
         raise HvdDcasgdError(
@@ -219,8 +252,9 @@ def _agree_on_method(rt: Runtime, method: str) -> None:
             "set the same compensation (or HVD_DCASGD_COMPENSATION) on every rank.",
             collective=True,
         )
-    if method == "horovod" and not all(ready for _, ready in answers):
-        require_horovod(None, 'compensation="horovod" on every worker')
+    not_running = [reason for _, reason in answers if reason]
+    if method == "horovod" and not_running:
+        require_horovod(None, 'compensation="horovod" on every worker', not_running[0])
 
 
 _HOROVOD_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum"}

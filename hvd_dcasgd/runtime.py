@@ -14,15 +14,36 @@ import atexit
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Protocol, Tuple
 
-from .errors import HvdDcasgdError
+if TYPE_CHECKING:
+    import torch
+
+from .errors import HvdDcasgdError, warn
 from .horovod import start_horovod
-from .mpi import load_mpi
+from .mpi import MpiUnavailable, load_mpi
 
 SERVER, WORKER, LOCAL = "server", "worker", "local"
 
 _LAUNCHER_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+
+
+class Session(Protocol):
+    """What the collectives and ``shutdown`` need of a running session (the
+    worker's, the server's, or Horovod's baseline)."""
+
+    #: Whether broadcasts while training also reach the server (it holds the weights).
+    server_holds_weights: bool
+
+    def restore_on_server(self, items: List[Tuple[str, "torch.Tensor"]]) -> None:
+        """Have the server take these state-dict entries (a restored
+        checkpoint), all or nothing; raise what it could not take."""
+
+    def register_buffers(self, tensors: List["torch.Tensor"]) -> None:
+        """Also combine these tensors over the workers at the end."""
+
+    def finish(self) -> None:
+        """End the session: the collectives every rank takes part in."""
 
 
 @dataclass
@@ -37,8 +58,9 @@ class Runtime:
     num_workers: int = 1
     local_rank: int = 0
     local_size: int = 1
-    session: Any = None  # the running worker or server session, if any
+    session: Optional[Session] = None  # the running worker, server or Horovod session, if any
     horovod: Any = None  # horovod.torch, running among the workers, if installed
+    horovod_off: Optional[str] = None  # why Horovod is not running, where it is not
     join_counter: Any = None  # arrivals at join() when Horovod is not running
 
 
@@ -54,11 +76,10 @@ def _launched_size() -> int:
 
 def _warn_local(reason: str) -> None:
     script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "train.py"
-    print(
-        f"hvd_dcasgd: warning: {reason}, so this trains locally as sequential SGD; to train asynchronously "
-        f"launch one more rank than workers, e.g. `mpirun -np 5 python {script}` (server + 4 workers).",
-        file=sys.stderr,
-        flush=True,
+    warn(
+        f"{reason}, so this trains locally as sequential SGD; to train asynchronously launch one more rank "
+        f"than workers, e.g. `mpirun -np 5 python {script}` (server + 4 workers).",
+        stacklevel=4,
     )
 
 
@@ -73,7 +94,7 @@ def init(comm: Any = None) -> None:
         return
     try:
         mpi = load_mpi()
-    except HvdDcasgdError:
+    except MpiUnavailable:
         if _launched_size() > 1:
             raise
         _runtime = Runtime(role=LOCAL)
@@ -81,7 +102,8 @@ def init(comm: Any = None) -> None:
         return
     world = (comm if comm is not None else mpi.COMM_WORLD).Dup()
     if world.Get_size() == 1:
-        _runtime = Runtime(role=LOCAL, mpi=mpi, world=world, workers=world, horovod=start_horovod(mpi, world))
+        horovod, horovod_off = start_horovod(mpi, world)
+        _runtime = Runtime(role=LOCAL, mpi=mpi, world=world, workers=world, horovod=horovod, horovod_off=horovod_off)
         _warn_local("running as a single process with no parameter server")
         return
     is_server = world.Get_rank() == 0
@@ -99,7 +121,7 @@ def init(comm: Any = None) -> None:
     )
     node.Free()
     if not is_server:
-        _runtime.horovod = start_horovod(mpi, workers)
+        _runtime.horovod, _runtime.horovod_off = start_horovod(mpi, workers)
         if _runtime.horovod is None:
             from mpi4py.util.sync import Counter
 

@@ -5,37 +5,34 @@ views of one flat buffer) and, for every worker m, the backup w_bak(m): the
 weights last sent to m.  On the CPU the backup *is* m's outbox in the window,
 so recording the backup and sending the weights are one and the same write.
 
-On a push g from worker m the server compensates g against w - w_bak(m),
-lets the user's own optimizer step with it at the learning rate m's optimizer
-has, then writes w into m's outbox (w_bak(m) = w) and answers.  In ``sync``
-mode it waits for one push from every active worker, averages, and steps once.
+On a push g from worker m the server runs one update (:mod:`.update`:
+compensate g against w - w_bak(m), then the user's optimizer steps at the
+learning rates m's optimizer has, and w_bak(m) = w), then makes w visible in
+m's outbox and answers.  On the ``sync`` schedule it waits for one push from
+every active worker, averages, and steps once.  Everything the server holds
+-- weights, the optimizer's and the compensation's state, every backup, the
+counters -- is in :meth:`ParameterServer.state_dict`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from dataclasses import asdict
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 
-from . import native
 from .channel import ServerChannel
-from .compensation import Compensation, dcasgd_
+from .compensation import Compensation
+from .errors import HvdDcasgdValueError
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from .staging import Staging
 from .telemetry import Telemetry
-from .transport import Backoff, Mailboxes
+from .tensors import snapshot
+from .transport import Backoff
+from .update import ServerUpdate
 
-
-def is_sgd(optimizer: torch.optim.Optimizer) -> bool:
-    """True for ``torch.optim.SGD`` (descending): the C kernel takes its step
-    itself, momentum, Nesterov and weight decay included."""
-    return type(optimizer) is torch.optim.SGD and not any(g.get("maximize", False) for g in optimizer.param_groups)
-
-
-def is_plain_sgd(optimizer: torch.optim.Optimizer) -> bool:
-    """True for SGD without momentum or weight decay: the update every
-    implementation of ``dcasgd_`` can take by itself, in one pass."""
-    return is_sgd(optimizer) and all(g["momentum"] == 0 and g["weight_decay"] == 0 for g in optimizer.param_groups)
+#: The version of :meth:`ParameterServer.state_dict`'s format.
+STATE_FORMAT = 1
 
 
 class ParameterServer:
@@ -46,25 +43,29 @@ class ParameterServer:
         optimizer: torch.optim.Optimizer,
         layout: ModelLayout,
         compensation: Compensation,
-        mailboxes: Mailboxes,
         channel: ServerChannel,
         wire_dtype: torch.dtype,
         device: torch.device,
         telemetry: Telemetry,
         staged: Optional[bool] = None,
         extras: Optional[Dict[str, torch.Tensor]] = None,
+        update_path: Optional[str] = None,
     ):
-        """``extras`` is the rest of the model's state by name (buffers, frozen
+        """``channel`` (and the windows it owns) becomes the server's.
+        ``extras`` is the rest of the model's state by name (buffers, frozen
         parameters), which a restore from a worker may set.  ``staged`` keeps
         the model and the backups on ``device`` and moves messages through
         bounce buffers; the default, and the only way on a GPU, is to stage
-        exactly when ``device`` is not the CPU."""
+        exactly when ``device`` is not the CPU.  ``update_path`` overrides
+        the update's path (see :func:`.update.default_update_path`)."""
         self.optimizer = optimizer
         self.layout = layout
         self.compensation = compensation
         self.channel = channel
         self.device = device
         self.telemetry = telemetry
+        self.wire_dtype = wire_dtype
+        mailboxes = channel.mailboxes
         num_workers = channel.num_workers
         params = trained_parameters(optimizer)
         self.weights = torch.empty(layout.numel, dtype=layout.dtype, device=device)
@@ -87,12 +88,8 @@ class ParameterServer:
         for m in range(num_workers):
             self.backups[m].copy_(self.weights)
             self._send(m)
-        if compensation.adaptive:
-            count = num_workers if compensation.per_worker_mean_square else 1
-            self.mean_squares = [torch.zeros_like(self.weights) for _ in range(count)]
-        native.library()  # build the kernel now, not inside the first update
-        self._choose_update_path()
-        self.group_ranges = layout.group_ranges()
+        self.update = ServerUpdate(optimizer, layout, compensation, self.weights, self.grad, num_workers,
+                                   staged=self.staging is not None, path=update_path)
         self.extras = extras or {}
 
     # --- one update -----------------------------------------------------
@@ -105,113 +102,16 @@ class ParameterServer:
         self.staging.upload(wire, self.wire_gradient)
         return self.wire_gradient
 
-    def _mean_square(self, worker: int) -> Optional[List[torch.Tensor]]:
-        if not self.compensation.adaptive:
-            return None
-        return [self.mean_squares[worker if self.compensation.per_worker_mean_square else 0]]
-
     def _send(self, worker: int) -> None:
         """Make w_bak(worker) visible in worker's outbox."""
         if self.staging is not None:
             self.staging.download(self.backups[worker], self.outboxes[worker])
         self.sent_at[worker] = self.updates
 
-    def _choose_update_path(self) -> None:
-        """One pass over memory where possible: the C kernel for SGD on window
-        memory in float32 (``native_sgd``; its momentum buffers become the
-        optimizer's state), ``dcasgd_`` with ``lr`` for plain SGD elsewhere;
-        otherwise the compensated gradient goes to the user's optimizer (which
-        also is what skips frozen parameters under weight decay or momentum)."""
-        self.native_sgd = (
-            is_sgd(self.optimizer) and self.staging is None and self.weights.dtype == torch.float32
-            and all(p.requires_grad for p in trained_parameters(self.optimizer)) and native.library() is not None
-        )
-        self.fused_sgd = self.native_sgd or is_plain_sgd(self.optimizer)
-        self.momentum_buffer = None
-        if not self.native_sgd or all(g["momentum"] == 0 for g in self.optimizer.param_groups):
-            return
-        self.momentum_buffer = torch.zeros_like(self.weights)
-        self.momentum_started = []
-        views = iter(self.layout.views(self.momentum_buffer))
-        for group in self.optimizer.param_groups:
-            pairs = [(p, next(views)) for p in group["params"]]
-            existing = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p, _ in pairs]
-            started = all(b is not None for b in existing) and bool(pairs)
-            for (p, view), buffer in zip(pairs, existing):
-                if started:
-                    view.copy_(buffer)
-                    self.optimizer.state[p]["momentum_buffer"] = view
-            self.momentum_started.append(started)
-
-    def _native_step(self, gradient, backup, mean_square, lambda_0: float) -> None:
-        """The whole update -- compensation and torch.optim.SGD's step -- in
-        one pass of the C kernel per param group."""
-        comp = self.compensation
-        views = self.layout.views(self.momentum_buffer) if self.momentum_buffer is not None else None
-        index = 0
-        for g, (group, (start, end)) in enumerate(zip(self.optimizer.param_groups, self.group_ranges)):
-            momentum = group["momentum"]
-            buffer = self.momentum_buffer[start:end] if momentum != 0 else None
-            native.dcasgd_f32(
-                gradient[start:end], self.weights[start:end], backup[start:end],
-                None if mean_square is None else mean_square[0][start:end],
-                lambda_0, comp.mean_square_momentum, comp.eps, group["lr"],
-                weight_decay=group["weight_decay"], momentum=momentum, dampening=group["dampening"],
-                nesterov=group["nesterov"], momentum_buffer=buffer,
-                first_step=buffer is not None and not self.momentum_started[g],
-            )
-            if buffer is not None and not self.momentum_started[g]:
-                self.momentum_started[g] = True
-                for i, p in enumerate(group["params"]):
-                    self.optimizer.state[p]["momentum_buffer"] = views[index + i]
-            index += len(group["params"])
-
-    def _step(self, gradient: torch.Tensor, worker: int, lrs: Sequence[float]) -> None:
-        """w <- optimizer step with the compensated gradient; w_bak(worker) <- w."""
-        comp = self.compensation
-        lambda_0 = comp.lambda_0 if comp.compensates else 0.0
-        mean_square = self._mean_square(worker)
-        backup = self.backups[worker]
-        for group, lr in zip(self.optimizer.param_groups, lrs):
-            group["lr"] = lr
-        if self.native_sgd:
-            self._native_step(gradient, backup, mean_square, lambda_0)
-            return
-        if self.fused_sgd:
-            for (start, end), lr in zip(self.group_ranges, lrs):
-                dcasgd_(
-                    [gradient[start:end]],
-                    [self.weights[start:end]],
-                    [backup[start:end]],
-                    None if mean_square is None else [mean_square[0][start:end]],
-                    lambda_0=lambda_0,
-                    mean_square_momentum=comp.mean_square_momentum,
-                    eps=comp.eps,
-                    lr=lr,
-                )
-            return
-        if gradient is not self.grad:
-            self.grad.copy_(gradient)
-        if lambda_0 > 0:
-            dcasgd_(
-                [self.grad],
-                [self.weights],
-                [backup],
-                mean_square,
-                lambda_0=lambda_0,
-                mean_square_momentum=comp.mean_square_momentum,
-                eps=comp.eps,
-            )
-        self.optimizer.step()
-        backup.copy_(self.weights)
-
     def apply(self, worker: int) -> None:
         """Apply worker's pending push as one server update (ASGD / DC-ASGD)."""
         self.telemetry.record(self.updates, worker, self.updates - self.sent_at[worker])
-        gradient = self._wire_gradient(worker)
-        if not self.fused_sgd or gradient.dtype != self.weights.dtype:
-            gradient = self.grad.copy_(gradient)
-        self._step(gradient, worker, self.messages[worker].lrs.tolist())
+        self.update(self._wire_gradient(worker), self.backups[worker], worker, self.messages[worker].lrs.tolist())
         self.updates += 1
         self._send(worker)
 
@@ -226,7 +126,7 @@ class ParameterServer:
                 self.grad.add_(gradient)
         self.grad.div_(len(workers))
         first = workers[0]
-        self._step(self.grad, first, self.messages[first].lrs.tolist())
+        self.update(self.grad, self.backups[first], first, self.messages[first].lrs.tolist())
         self.updates += 1
         for m in workers:
             if m != first:
@@ -242,10 +142,10 @@ class ParameterServer:
         targets = [(views[i], t, self.layout.params[i].name) for i, t in params.items() if 0 <= i < len(views)]
         targets += [(self.extras[n], t, n) for n, t in extras.items() if n in self.extras]
         if len(targets) != len(params) + len(extras):
-            raise ValueError("hvd_dcasgd: the server's model has no such parameter or buffer")
+            raise HvdDcasgdValueError("hvd_dcasgd: the server's model has no such parameter or buffer")
         for target, value, name in targets:
             if target.shape != value.shape:
-                raise ValueError(f"hvd_dcasgd: {name!r} is {list(value.shape)}, the server's is {list(target.shape)}")
+                raise HvdDcasgdValueError(f"hvd_dcasgd: {name!r} is {list(value.shape)}, the server's is {list(target.shape)}")
         with torch.no_grad():
             for target, value, _ in targets:
                 target.copy_(value)
@@ -257,14 +157,82 @@ class ParameterServer:
     def load_optimizer_state(self, state: Dict) -> None:
         """Load a worker's optimizer state (a restored checkpoint) into the
         optimizer that steps."""
-        self.optimizer.load_state_dict(state)
-        self._choose_update_path()
+        self.update.load_optimizer_state(state)
+
+    # --- state ------------------------------------------------------------
+    def settings(self) -> Dict[str, Any]:
+        """What the server was started with, as plain values."""
+        return {
+            "compensation": asdict(self.compensation),
+            "num_workers": self.channel.num_workers,
+            "parameters": [[p.name, list(p.shape), p.dtype] for p in self.layout.params],
+            "group_sizes": list(self.layout.group_sizes),
+            "buffers": sorted(self.extras),
+            "wire_dtype": str(self.wire_dtype).replace("torch.", ""),
+        }
+
+    def state_dict(self) -> Dict[str, Any]:
+        """A copy of everything the server holds, on the CPU, made of tensors
+        and plain values only (``torch.load(..., weights_only=True)`` reads
+        it): the weights and the rest of the model's state, the optimizer's
+        state, the compensation's state, every worker's backup, the update
+        and push counters, the settings, and the format version."""
+        return {
+            "format": STATE_FORMAT,
+            "settings": self.settings(),
+            "weights": snapshot(self.weights),
+            "extras": snapshot(dict(self.extras)),
+            "optimizer": snapshot(self.optimizer.state_dict()),
+            "compensation_state": self.update.state.state_dict(),
+            "backups": [snapshot(b) for b in self.backups],
+            "updates": self.updates,
+            "sent_at": list(self.sent_at),
+            "pushes": list(self.telemetry.pushes),
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue from ``state`` (another server's :meth:`state_dict`):
+        the next pushes are applied exactly as that server would have.  All
+        or nothing: a state of another format, settings or shape raises and
+        changes nothing."""
+        self._check_state(state)
+        self.update.load_optimizer_state(state["optimizer"])  # checks its own groups first
+        with torch.no_grad():
+            self.weights.copy_(state["weights"])
+            for name, value in state["extras"].items():
+                self.extras[name].copy_(value)
+        self.update.state.load_state_dict(state["compensation_state"])
+        for m, backup in enumerate(state["backups"]):
+            self.backups[m].copy_(backup)
+            self._send(m)
+        self.updates = int(state["updates"])
+        self.sent_at = [int(n) for n in state["sent_at"]]
+        self.telemetry.pushes = [int(n) for n in state["pushes"]]
+
+    def _check_state(self, state: Dict[str, Any]) -> None:
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            found = state.get("format") if isinstance(state, dict) else type(state).__name__
+            raise HvdDcasgdValueError(f"hvd_dcasgd: not a server state of format {STATE_FORMAT} (found {found!r})")
+        mine, theirs = self.settings(), state["settings"]
+        different = [k for k in mine if k != "wire_dtype" and mine[k] != theirs.get(k)]
+        if different:
+            key = different[0]
+            raise HvdDcasgdValueError(f"hvd_dcasgd: the state was saved by a server with {key} {theirs.get(key)!r}; "
+                                      f"this one has {mine[key]!r}")
+        shapes = [tuple(state["weights"].shape), *(tuple(b.shape) for b in state["backups"])]
+        if shapes != [tuple(self.weights.shape)] * (1 + len(self.backups)):
+            raise HvdDcasgdValueError(f"hvd_dcasgd: the state's weights and backups are shaped {shapes}")
+        for name, value in state["extras"].items():
+            if tuple(value.shape) != tuple(self.extras[name].shape):
+                raise HvdDcasgdValueError(f"hvd_dcasgd: the state's {name!r} is {list(value.shape)}, "
+                                          f"the server's is {list(self.extras[name].shape)}")
+        self.update.state.check(state["compensation_state"])
 
     # --- the loop ---------------------------------------------------------
     def serve(self, between_polls: Callable[[], None] = lambda: None) -> None:
         """Answer pushes until every worker has left, then close the session.
         ``between_polls`` runs on every turn of the loop (control requests)."""
-        synchronous = self.compensation.mode == "sync"
+        synchronous = self.compensation.schedule == "sync"
         backoff = Backoff(max_sleep=1e-4)
         while True:
             between_polls()
@@ -290,3 +258,9 @@ class ParameterServer:
         self.channel.close()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def free(self) -> None:
+        """Free the windows (collective over the communicator they were
+        opened on) and close the trace."""
+        self.channel.free()
+        self.telemetry.close()

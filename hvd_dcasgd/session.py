@@ -14,19 +14,19 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import asdict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .channel import ServerChannel, WorkerChannel, control_words
 from .compensation import Compensation
+from .config import setting
+from .endpoints import open_server, open_worker
 from .errors import HvdDcasgdError
-from .collectives import broadcast_
-from .layout import ModelLayout, PushMessage, trained_parameters, untrained_state
+from .layout import ModelLayout, trained_parameters, untrained_state
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
 from .telemetry import Telemetry
-from .transport import ControlWords, Mailboxes
+from .tensors import broadcast_, snapshot, to_cpu
 from .worker import Worker
 
 
@@ -42,6 +42,11 @@ def _disagreements(server: Dict[str, Any], workers: List[Dict[str, Any]]) -> Lis
             problems.append(
                 f"hvd_dcasgd: the server runs compensation {mine['mode']!r} but worker {m} asks for "
                 f"{theirs['mode']!r}; every rank must use the same mode (check HVD_DCASGD_COMPENSATION)."
+            )
+        elif theirs["schedule"] != mine["schedule"]:
+            problems.append(
+                f"hvd_dcasgd: the server runs the {mine['schedule']!r} schedule but worker {m} asks for "
+                f"{theirs['schedule']!r}; every rank must use the same (check HVD_DCASGD_SCHEDULE)."
             )
         elif theirs != mine:
             problems.append(
@@ -66,26 +71,6 @@ def agree(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dty
     problems = rt.world.bcast(problems, root=0)
     if problems:
         raise HvdDcasgdError("\n".join(problems), collective=True)
-
-
-def _open_windows(rt: Runtime, layout: ModelLayout, wire_dtype: torch.dtype):
-    inbox_bytes = PushMessage.size(layout, wire_dtype)
-    outbox_bytes = layout.numel * layout.dtype.itemsize
-    try:
-        control = ControlWords(rt.mpi, rt.world, control_words(rt.num_workers))
-        mailboxes = Mailboxes(rt.mpi, rt.world, rt.num_workers, inbox_bytes, outbox_bytes)
-    except rt.mpi.Exception as exc:
-        hint = ""
-        if rt.mpi.Query_thread() == rt.mpi.THREAD_MULTIPLE:
-            hint = (
-                " MPI runs at thread level MULTIPLE, which Open MPI's one-sided component over TCP (osc/pt2pt) "
-                "refuses: import hvd_dcasgd before mpi4py.MPI, or set mpi4py.rc.thread_level = 'serialized' first."
-            )
-        raise HvdDcasgdError(
-            f"hvd_dcasgd: MPI could not create the parameter server's windows ({exc.Get_error_string()}).{hint}",
-            collective=True,
-        ) from exc
-    return control, mailboxes
 
 
 def _extras(model: Optional[torch.nn.Module], optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
@@ -115,17 +100,6 @@ def combine_buffers(rt: Runtime, buffers: List[torch.Tensor]) -> None:
 
 
 CONTROL_TAG = 7301
-
-
-def to_cpu(value: Any) -> Any:
-    """``value`` (a state dict) with every tensor moved to the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: to_cpu(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(to_cpu(v) for v in value)
-    return value
 
 
 class ControlRequests:
@@ -168,21 +142,40 @@ class ControlRequests:
             self.rt.world.send(reply, dest=source, tag=CONTROL_TAG)
 
 
+def final_exchange(rt: Runtime, extras: List[torch.Tensor], weights: torch.Tensor,
+                   optimizer_state: Optional[Dict[str, Any]], free: Callable[[], None]) -> Dict[str, Any]:
+    """The end of a session, run by every rank: the same collectives in the
+    same order on both sides, so they cannot drift apart.  The workers'
+    combined buffers come from worker 0 (world rank 1), the server's final
+    weights and optimizer state from rank 0; then the windows are freed."""
+    broadcast_(rt.world, extras, root=1)
+    broadcast_(rt.world, [weights], root=0)
+    optimizer_state = rt.world.bcast(optimizer_state, root=0)
+    free()
+    return optimizer_state
+
+
 class ServerSession:
     """The server's side of a session: serve, finish, report."""
 
-    def __init__(self, rt: Runtime, server: ParameterServer, control: ControlWords, mailboxes: Mailboxes,
-                 extras: Dict[str, torch.Tensor]):
-        self.rt, self.server, self.control, self.mailboxes, self.extras = rt, server, control, mailboxes, extras
+    server_holds_weights = True
+
+    def __init__(self, rt: Runtime, server: ParameterServer):
+        self.rt, self.server = rt, server
+
+    def restore_on_server(self, items: List[Tuple[str, torch.Tensor]]) -> None:
+        """Nothing to do: the collectives take no part on the server."""
+
+    def register_buffers(self, tensors: List[torch.Tensor]) -> None:
+        """Nothing to do: the workers combine their buffers among themselves."""
 
     def finish(self) -> None:
-        broadcast_(self.rt.world, list(self.extras.values()), root=1)
-        broadcast_(self.rt.world, [self.server.weights], root=0)
-        self.rt.world.bcast(to_cpu(self.server.optimizer.state_dict()), root=0)
-        self.control.free()
-        self.mailboxes.free()
-        self.server.telemetry.close()
-        print(self.server.telemetry.summary(), file=sys.stderr, flush=True)
+        server = self.server
+        final_exchange(self.rt, list(server.extras.values()), server.weights, snapshot(server.optimizer.state_dict()),
+                       server.free)
+        print(server.telemetry.summary(), file=sys.stderr, flush=True)
+        if setting("HVD_DCASGD_SUMMARY"):
+            server.telemetry.write_summary(setting("HVD_DCASGD_SUMMARY"))
 
 
 class WorkerSession:
@@ -190,9 +183,8 @@ class WorkerSession:
 
     server_holds_weights = True  # broadcasts while training also reach the server
 
-    def __init__(self, rt: Runtime, worker: Worker, control: ControlWords, mailboxes: Mailboxes,
-                 extras: Dict[str, torch.Tensor]):
-        self.rt, self.worker, self.control, self.mailboxes, self.extras = rt, worker, control, mailboxes, extras
+    def __init__(self, rt: Runtime, worker: Worker, extras: Dict[str, torch.Tensor]):
+        self.rt, self.worker, self.extras = rt, worker, extras
         self.buffers: List[torch.Tensor] = list(extras.values())
         self.requests = ControlRequests(rt)
         self.finished = False
@@ -203,26 +195,23 @@ class WorkerSession:
         known = {t.data_ptr() for t in self.buffers} | {p.data_ptr() for p in self.worker.params}
         self.buffers += [t for t in tensors if t.data_ptr() not in known and t.numel()]
 
-    def state_for_server(self, items: List[Tuple[str, torch.Tensor]]) -> Dict[str, Any]:
-        """A restore request for these state-dict entries: trained parameters
-        by their index in the layout (so no names are needed), the rest of the
+    def restore_on_server(self, items: List[Tuple[str, torch.Tensor]]) -> None:
+        """Send these state-dict entries to the server: trained parameters by
+        their index in the layout (so no names are needed), the rest of the
         model's state by name."""
         index = {p.data_ptr(): i for i, p in enumerate(self.worker.params)}
         params = {index[t.data_ptr()]: t.detach().cpu() for _, t in items if t.data_ptr() in index}
         extras = {n: t.detach().cpu() for n, t in items if n in self.extras and t.data_ptr() not in index}
-        return {"kind": "set_state", "params": params, "extras": extras}
+        self.requests.ask({"kind": "set_state", "params": params, "extras": extras})
 
     def finish(self) -> None:
         self.finished = True
         self.worker.channel.leave()
         self.worker.channel.wait_closed()
         combine_buffers(self.rt, self.buffers)
-        broadcast_(self.rt.world, list(self.extras.values()), root=1)
-        broadcast_(self.rt.world, [self.worker.weights], root=0)
+        state = final_exchange(self.rt, list(self.extras.values()), self.worker.weights, None, self.worker.channel.free)
         self.worker.load_weights()
-        self.worker.optimizer.load_state_dict(self.rt.world.bcast(None, root=0))
-        self.control.free()
-        self.mailboxes.free()
+        self.worker.optimizer.load_state_dict(state)
 
 
 class HorovodSession:
@@ -233,10 +222,14 @@ class HorovodSession:
 
     def __init__(self, rt: Runtime):
         self.rt = rt
-        self.finished = False
+
+    def restore_on_server(self, items: List[Tuple[str, torch.Tensor]]) -> None:
+        """Nothing to do: the server rank holds no model."""
+
+    def register_buffers(self, tensors: List[torch.Tensor]) -> None:
+        """Nothing to do: Horovod's workers keep their own buffers."""
 
     def finish(self) -> None:
-        self.finished = True
         self.rt.world.Ibarrier().Wait()
 
 
@@ -262,14 +255,12 @@ def run_server(
 ) -> None:
     """Serve the workers until they all leave, finish, and exit with status 0."""
     agree(rt, layout, compensation, wire_dtype)
-    control, mailboxes = _open_windows(rt, layout, wire_dtype)
-    channel = ServerChannel(control, mailboxes, rt.num_workers)
-    telemetry = Telemetry(rt.num_workers, trace_path)
     extras = _extras(model, optimizer)
-    server = ParameterServer(optimizer, layout, compensation, mailboxes, channel, wire_dtype, device, telemetry,
-                             extras=extras)
+    server = open_server(rt.world, optimizer, layout, compensation, num_workers=rt.num_workers,
+                         wire_dtype=wire_dtype, device=device, telemetry=Telemetry(rt.num_workers, trace_path),
+                         extras=extras)
     broadcast_(rt.world, [server.weights, *extras.values()], root=0)
-    rt.session = ServerSession(rt, server, control, mailboxes, extras)
+    rt.session = ServerSession(rt, server)
     server.serve(ControlRequests(rt, server).answer)
     session, rt.session = rt.session, None
     session.finish()
@@ -287,12 +278,11 @@ def start_worker(
 ) -> WorkerSession:
     """Join the session and load the server's initial weights and buffers."""
     agree(rt, layout, compensation, wire_dtype)
-    control, mailboxes = _open_windows(rt, layout, wire_dtype)
-    channel = WorkerChannel(control, mailboxes, rt.worker_rank)
-    worker = Worker(optimizer, layout, channel, wire_dtype, check_finite)
     extras = _extras(model, optimizer)
+    worker = open_worker(rt.world, optimizer, layout, worker=rt.worker_rank, num_workers=rt.num_workers,
+                         wire_dtype=wire_dtype, check_finite=check_finite)
     broadcast_(rt.world, [worker.weights, *extras.values()], root=0)
     worker.load_weights()
-    session = WorkerSession(rt, worker, control, mailboxes, extras)
+    session = WorkerSession(rt, worker, extras)
     rt.session = session
     return session

@@ -32,13 +32,13 @@ from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 
-from .channel import ServerChannel, control_words
 from .compensation import Compensation
-from .layout import ModelLayout, PushMessage, flatten_into
+from .endpoints import open_server
+from .errors import HvdDcasgdValueError
+from .layout import ModelLayout, flatten_into
 from .mpi import load_mpi
 from .server import ParameterServer
 from .telemetry import Telemetry
-from .transport import ControlWords, Mailboxes
 
 __all__ = [
     "DelayModel", "EventDriven", "RandomOrder", "RoundRobin", "Simulation", "TraceOrder", "error_rate",
@@ -116,7 +116,7 @@ class EventDriven(DelayModel):
 
     def reset(self, workers: int, generator: torch.Generator) -> None:
         if len(self.step_times) != workers:
-            raise ValueError(f"hvd_dcasgd: {len(self.step_times)} step times for {workers} workers")
+            raise HvdDcasgdValueError(f"hvd_dcasgd: {len(self.step_times)} step times for {workers} workers")
         super().reset(workers, generator)
         self.now = 0.0
         self.pending = [(self._duration(m), m) for m in range(workers)]
@@ -147,7 +147,7 @@ class TraceOrder(DelayModel):
 
     def reset(self, workers: int, generator: torch.Generator) -> None:
         if self.trace_workers > workers:
-            raise ValueError(f"hvd_dcasgd: the trace has {self.trace_workers} workers, the simulation {workers}")
+            raise HvdDcasgdValueError(f"hvd_dcasgd: the trace has {self.trace_workers} workers, the simulation {workers}")
         super().reset(workers, generator)
         self.position = 0
         self.after_trace = RoundRobin()
@@ -174,19 +174,14 @@ class Simulation:
 
 
 def _server(model: torch.nn.Module, optimizer: torch.optim.Optimizer, compensation: Compensation, workers: int,
-            trace: Optional[str]) -> Tuple[ParameterServer, ControlWords, Mailboxes]:
+            trace: Optional[str]) -> ParameterServer:
     """The project's ParameterServer over real windows on this rank alone."""
-    mpi = load_mpi()
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
     if layout.buffers:
-        raise ValueError("hvd_dcasgd: the simulator takes models without buffers (a real run keeps BatchNorm "
-                         "statistics per worker)")
-    control = ControlWords(mpi, mpi.COMM_SELF, control_words(workers))
-    mailboxes = Mailboxes(mpi, mpi.COMM_SELF, workers, PushMessage.size(layout, layout.dtype),
-                          layout.numel * layout.dtype.itemsize)
-    server = ParameterServer(optimizer, layout, compensation, mailboxes, ServerChannel(control, mailboxes, workers),
-                             layout.dtype, torch.device("cpu"), Telemetry(workers, trace), staged=False)
-    return server, control, mailboxes
+        raise HvdDcasgdValueError("hvd_dcasgd: the simulator takes models without buffers (a real run keeps "
+                                  "BatchNorm statistics per worker)")
+    return open_server(load_mpi().COMM_SELF, optimizer, layout, compensation, num_workers=workers,
+                       telemetry=Telemetry(workers, trace), staged=False)
 
 
 def error_rate(model: torch.nn.Module, data: Dataset) -> float:
@@ -229,10 +224,11 @@ def simulate(
     torch.manual_seed(seed)
     net = model()
     steps = torch.optim.SGD(net.parameters(), lr=lr(0)) if optimizer is None else optimizer(net.parameters())
-    server, control, mailboxes = _server(net, steps, compensation, workers, trace)
+    server = _server(net, steps, compensation, workers, trace)
     try:
         replica = model()  # the workers' forward and backward passes, on the weights each one holds
-        params = [p for p in replica.parameters() if p.requires_grad]
+        named = dict(replica.named_parameters())
+        params = [named[spec.name] for spec in server.layout.params]  # in the optimizer's order, as on the wire
         held = torch.empty(server.layout.numel, dtype=server.layout.dtype)
         for p, view in zip(params, server.layout.views(held)):
             p.data = view
@@ -257,7 +253,7 @@ def simulate(
         applied = 0
         while any(remaining):
             active = [m for m in range(workers) if remaining[m]]
-            if compensation.mode == "sync":
+            if compensation.schedule == "sync":
                 for m in active:
                     push(m)
                 server.apply_round(active)
@@ -272,6 +268,4 @@ def simulate(
         final = error_rate(net, test)
         return Simulation(errors, final, server.weights.clone(), server.updates, Counter(server.telemetry.staleness))
     finally:
-        server.telemetry.close()
-        control.free()
-        mailboxes.free()
+        server.free()

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from typing import IO, List, Optional
+from typing import IO, Any, Dict, List, Optional
+
+from .files import atomic_write
 
 
 class Telemetry:
@@ -43,17 +45,37 @@ class Telemetry:
             self._trace.close()
             self._trace = None
 
-    def summary(self) -> str:
-        """A few lines for the end of a run."""
+    def summary_dict(self) -> Dict[str, Any]:
+        """The end-of-run figures as plain values (what :meth:`summary` says)."""
         elapsed = max(self.last - (self.first or 0.0), 1e-9)
         total = sum(self.staleness.values())
-        mean = sum(s * n for s, n in self.staleness.items()) / total if total else 0.0
-        worst = max(self.staleness) if self.staleness else 0
-        histogram = " ".join(f"{s}:{n}" for s, n in sorted(self.staleness.items()))
-        rates = " ".join(f"w{m}={n / elapsed:.1f}/s" for m, n in enumerate(self.pushes))
+        return {
+            "updates": self.updates,
+            "gradients": total,
+            "seconds": elapsed,
+            "updates_per_s": self.updates / elapsed,
+            "gradients_per_s": total / elapsed,
+            "staleness_mean": sum(s * n for s, n in self.staleness.items()) / total if total else 0.0,
+            "staleness_max": max(self.staleness) if self.staleness else 0,
+            "staleness_histogram": {str(s): n for s, n in sorted(self.staleness.items())},
+            "pushes": list(self.pushes),
+            "pushes_per_s": [n / elapsed for n in self.pushes],
+        }
+
+    def summary(self) -> str:
+        """A few lines for the end of a run."""
+        d = self.summary_dict()
+        histogram = " ".join(f"{s}:{n}" for s, n in d["staleness_histogram"].items())
+        rates = " ".join(f"w{m}={r:.1f}/s" for m, r in enumerate(d["pushes_per_s"]))
         return (
-            f"hvd_dcasgd server: {self.updates} updates in {elapsed:.1f} s ({self.updates / elapsed:.1f} updates/s), "
-            f"{total} gradients ({total / elapsed:.1f} gradients/s)\n"
-            f"hvd_dcasgd server: staleness mean {mean:.2f} max {worst}; histogram {histogram or '-'}\n"
-            f"hvd_dcasgd server: pushes per worker {self.pushes}; throughput {rates}"
+            f"hvd_dcasgd server: {d['updates']} updates in {d['seconds']:.1f} s ({d['updates_per_s']:.1f} updates/s), "
+            f"{d['gradients']} gradients ({d['gradients_per_s']:.1f} gradients/s)\n"
+            f"hvd_dcasgd server: staleness mean {d['staleness_mean']:.2f} max {d['staleness_max']}; "
+            f"histogram {histogram or '-'}\n"
+            f"hvd_dcasgd server: pushes per worker {d['pushes']}; throughput {rates}"
         )
+
+    def write_summary(self, path: str) -> None:
+        """Write :meth:`summary_dict` to ``path`` as JSON, atomically."""
+        summary = self.summary_dict()
+        atomic_write(path, lambda out: json.dump(summary, out, indent=1))

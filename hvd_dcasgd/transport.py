@@ -25,6 +25,8 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
+from .errors import HvdDcasgdError
+
 ALIGN = 64
 
 
@@ -40,6 +42,22 @@ def _pieces(nbytes: int):
 
 def _aligned(nbytes: int) -> int:
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+class _Freed:
+    """Stands in for a freed window: any use is a clear error, not MPI's."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise HvdDcasgdError(f"hvd_dcasgd: a window was used after free() (calling {name})")
+
+
+def free_window(owner: Any) -> None:
+    """Unlock and free ``owner.win`` once; afterwards any use of it raises."""
+    if isinstance(owner.win, _Freed):
+        return
+    win, owner.win = owner.win, _Freed()
+    win.Unlock_all()
+    win.Free()
 
 
 class Backoff:
@@ -109,9 +127,9 @@ class ControlWords:
         return out
 
     def free(self) -> None:
-        """Close the access epoch and free the window (collective)."""
-        self.win.Unlock_all()
-        self.win.Free()
+        """Close the access epoch and free the window (collective); a second
+        call does nothing."""
+        free_window(self)
 
 
 class Mailboxes:
@@ -170,6 +188,6 @@ class Mailboxes:
         self.win.Sync()
 
     def free(self) -> None:
-        """Close the access epoch and free the window (collective)."""
-        self.win.Unlock_all()
-        self.win.Free()
+        """Close the access epoch and free the window (collective); a second
+        call does nothing."""
+        free_window(self)

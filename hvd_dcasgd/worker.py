@@ -15,7 +15,8 @@ import torch
 
 from .channel import WorkerChannel
 from .errors import HvdDcasgdError
-from .layout import ModelLayout, PushMessage, byte_view, flatten_into, trained_parameters
+from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
+from .tensors import byte_view
 
 
 def _all_finite(t: torch.Tensor) -> bool:
@@ -86,3 +87,7 @@ class Worker:
         self.channel.push(self._message_bytes)
         self.channel.pull(self._weight_bytes)
         self.load_weights()
+
+    def free(self) -> None:
+        """Free the channel's windows (collective, with the server's ``free()``)."""
+        self.channel.free()

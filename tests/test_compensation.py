@@ -10,6 +10,7 @@ import torch
 from hvd_dcasgd import Compensation, dcasgd_
 from hvd_dcasgd import compensation as compensation_module
 from hvd_dcasgd import native
+from hvd_dcasgd.update import FUSED, FUSED_SGD, PATHS, update_
 
 IMPLEMENTATIONS = [dict(foreach=False, fused=False), dict(foreach=True, fused=False), dict(fused=True)]
 
@@ -38,25 +39,36 @@ def test_adaptive_hand_computed(impl, fused_kernel):
     assert torch.allclose(g, torch.tensor(expected), rtol=1e-6)
 
 
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_with_lr_takes_the_sgd_step_and_records_the_backup(impl, fused_kernel):
-    g = torch.tensor([1.0, 2.0])
-    w = torch.tensor([1.0, 1.0])
-    w_bak = torch.tensor([0.0, 0.5])
-    dcasgd_([g], [w], [w_bak], None, lambda_0=0.04, lr=0.5, **impl)
-    expected = torch.tensor([1.0 - 0.5 * 1.04, 1.0 - 0.5 * 2.08])
-    assert torch.allclose(w, expected)
+@pytest.mark.parametrize("path", PATHS)
+def test_update_compensates_then_steps_and_records_the_backup(path, fused_kernel):
+    """Every path of the update: compensated gradient, SGD's step, w_bak = w."""
+    w, w_bak = torch.tensor([1.0, 1.0]), torch.tensor([0.0, 0.5])
+    grad = torch.tensor([1.0, 2.0])
+    optimizer, group_ranges = _flat_sgd(w, grad, lr=0.5)
+    path = FUSED if path == FUSED_SGD and fused_kernel != "native" else path
+    update_(w, grad, w_bak, {}, compensation=Compensation("constant"), optimizer=optimizer, lrs=[0.5],
+            group_ranges=group_ranges, path=path)
+    assert torch.allclose(w, torch.tensor([1.0 - 0.5 * 1.04, 1.0 - 0.5 * 2.08]))
     assert torch.equal(w_bak, w)
-    assert torch.equal(g, torch.tensor([1.0, 2.0])), "with lr the gradient is left as it came"
 
 
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-def test_zero_lambda_is_plain_sgd(impl, fused_kernel):
+@pytest.mark.parametrize("path", PATHS)
+def test_zero_lambda_is_plain_sgd(path, fused_kernel):
     g, w, w_bak = torch.randn(100), torch.randn(100), torch.randn(100)
     expected = w - 0.1 * g
-    dcasgd_([g], [w], [w_bak], None, lambda_0=0.0, lr=0.1, **impl)
+    optimizer, group_ranges = _flat_sgd(w, g, lr=0.1)
+    path = FUSED if path == FUSED_SGD and fused_kernel != "native" else path
+    update_(w, g, w_bak, {}, compensation=Compensation("constant", lambda_0=0.0), optimizer=optimizer, lrs=[0.1],
+            group_ranges=group_ranges, path=path)
     assert torch.allclose(w, expected)
     assert torch.equal(w_bak, w)
+
+
+def _flat_sgd(weights, grad, lr):
+    """torch.optim.SGD over one parameter that is ``weights``, with gradient ``grad``."""
+    p = torch.nn.Parameter(weights)
+    p.grad = grad
+    return torch.optim.SGD([p], lr=lr), [(0, weights.numel())]
 
 
 def _random_case(sizes, seed, grad_dtype=torch.float32):
@@ -81,17 +93,16 @@ def fused_kernel(request, monkeypatch):
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-@pytest.mark.parametrize("lr", [None, 0.3])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS[1:])
 @pytest.mark.parametrize("grad_dtype", [torch.float32, torch.float16])
-def test_fast_implementations_match_reference(fused_kernel, adaptive, lr, impl, grad_dtype):
+def test_fast_implementations_match_reference(fused_kernel, adaptive, impl, grad_dtype):
     sizes = [4567, 1, 1000, 2500]
     ref = _random_case(sizes, 0, grad_dtype)
     fast = _random_case(sizes, 0, grad_dtype)
-    kwargs = dict(lambda_0=2.0 if adaptive else 0.04, mean_square_momentum=0.9, eps=1e-7, lr=lr)
+    kwargs = dict(lambda_0=2.0 if adaptive else 0.04, mean_square_momentum=0.9, eps=1e-7)
     dcasgd_(ref[0], ref[1], ref[2], ref[3] if adaptive else None, foreach=False, fused=False, **kwargs)
     dcasgd_(fast[0], fast[1], fast[2], fast[3] if adaptive else None, **impl, **kwargs)
-    tol = 1e-3 if grad_dtype == torch.float16 and lr is None else 1e-5
+    tol = 1e-3 if grad_dtype == torch.float16 else 1e-5
     for a, b in zip(ref[0] + ref[1] + ref[2] + ref[3], fast[0] + fast[1] + fast[2] + fast[3]):
         assert torch.allclose(a.float(), b.float(), rtol=tol, atol=tol)
 
@@ -106,7 +117,10 @@ def test_default_is_fused_for_contiguous_cpu(monkeypatch):
 def test_compensation_defaults_and_validation():
     assert Compensation("constant").lambda_0 == 0.04
     assert Compensation("adaptive").lambda_0 == 2.0
-    assert not Compensation("none").compensates and not Compensation("sync").compensates
+    assert Compensation("none").lambda_0 == 0.0
+    assert Compensation("sync") == Compensation("none", schedule="sync"), "sync is a shorthand"
+    with pytest.raises(ValueError, match="unknown schedule 'later'"):
+        Compensation("none", schedule="later")
     with pytest.raises(ValueError, match="unknown compensation 'fast'"):
         Compensation("fast")
     with pytest.raises(ValueError, match="lambda_0"):

@@ -87,7 +87,30 @@ def test_collectives_and_join_work_without_horovod():
 def test_horovod_baseline_without_horovod_is_a_clear_error_on_every_rank():
     result = mpirun(3, AGREEMENT, "horovod", "alone", env=WITHOUT_HOROVOD, timeout=120)
     assert result.returncode != 0
-    assert result.stdout.count('compensation="horovod" on every worker needs Horovod') == 3, result.stdout[-3000:]
+    assert result.stdout.count('compensation="horovod" on every worker needs Horovod, which is not running: '
+                               "HVD_DCASGD_HOROVOD=0 turned it off") == 3, result.stdout[-3000:]
+
+
+@needs_horovod
+def test_workers_that_disagree_about_horovod_all_run_without_it():
+    """Horovod turned off on the last worker only: no worker may start it (the
+    others would wait in Horovod's start-up forever); each says why."""
+    root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
+    program = [sys.executable, str(AGREEMENT), "none", "alone"]
+    cmd = ["mpirun", *root, "--oversubscribe", "-np", "3", *program, ":", "-np", "1",
+           "env", "HVD_DCASGD_HOROVOD=0", *program]
+    result = run(cmd, timeout=180)
+    assert result.returncode == 0, result.stdout[-4000:]
+    agreement(result.stdout, 3)
+    assert result.stdout.count("another worker cannot run Horovod (see its warning); the workers run without "
+                               "Horovod") == 2, result.stdout[-3000:]
+
+
+def test_a_bad_horovod_setting_is_reported_not_taken_for_a_missing_mpi():
+    result = run([sys.executable, "-c", "import hvd_dcasgd as hvd; hvd.init()"], env={"HVD_DCASGD_HOROVOD": "yes"})
+    assert result.returncode != 0
+    assert "HVD_DCASGD_HOROVOD='yes' is not valid: use auto, 0, 1." in result.stdout, result.stdout[-2000:]
+    assert "MPI is not available" not in result.stdout
 
 
 def test_the_drop_in_example_differs_from_horovods_by_its_import_only():

@@ -71,8 +71,8 @@ def test_stepping_after_shutdown_is_a_clear_error():
 def test_one_process_trains_locally_with_a_warning(tmp_path):
     result = python(PROGRAMS / "synthetic.py", "--steps", 3, "--out", tmp_path)
     assert result.returncode == 0, result.stdout
-    warnings = [line for line in result.stdout.splitlines() if "warning" in line]
-    assert len(warnings) == 1 and "mpirun -np 5" in warnings[0], result.stdout
+    warnings = [line for line in result.stdout.splitlines() if "Warning" in line]
+    assert len(warnings) == 1 and "HvdDcasgdWarning" in warnings[0] and "mpirun -np 5" in warnings[0], result.stdout
     assert "worker 0 done: 3 steps" in result.stdout
     # local training is plain sequential SGD
     args = synthetic.parse_args([])

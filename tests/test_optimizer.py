@@ -92,3 +92,20 @@ def test_horovod_arguments_are_accepted_and_adasum_refused():
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
     assert torch.equal(hvd.allgather(torch.ones(2, 3)), torch.ones(2, 3))
     assert torch.equal(hvd.broadcast(torch.arange(3), root_rank=0), torch.arange(3))
+
+
+def test_schedule_and_backend_are_their_own_settings(monkeypatch):
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compensation="none", schedule="sync")
+    assert opt.compensation.schedule == "sync" and opt.method == "sync"
+    shorthand = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compensation="sync")
+    assert shorthand.compensation == opt.compensation and shorthand.method == "sync"
+    monkeypatch.setenv("HVD_DCASGD_SCHEDULE", "async")
+    overridden = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compensation="sync")
+    assert overridden.compensation.schedule == "async" and overridden.method == "none"
+    monkeypatch.setenv("HVD_DCASGD_SCHEDULE", "later")
+    with pytest.raises(ValueError, match="HVD_DCASGD_SCHEDULE='later' is not valid: use async, sync"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    monkeypatch.delenv("HVD_DCASGD_SCHEDULE")
+    with pytest.raises(ValueError, match="unknown backend 'gloo'; choose one of server, horovod"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), backend="gloo")

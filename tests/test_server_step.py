@@ -7,13 +7,11 @@ import copy
 import pytest
 import torch
 
-from hvd_dcasgd.channel import ServerChannel, control_words
 from hvd_dcasgd.compensation import Compensation
-from hvd_dcasgd.layout import ModelLayout, PushMessage
+from hvd_dcasgd.endpoints import open_server
+from hvd_dcasgd.layout import ModelLayout
 from hvd_dcasgd.mpi import load_mpi
-from hvd_dcasgd.server import ParameterServer, is_plain_sgd, is_sgd
-from hvd_dcasgd.telemetry import Telemetry
-from hvd_dcasgd.transport import ControlWords, Mailboxes
+from hvd_dcasgd.update import FOREACH, FUSED, FUSED_SGD, REFERENCE, is_sgd
 
 WORKERS = 3
 
@@ -38,21 +36,15 @@ def _groups(model):
     return [{"params": list(model.fc1.parameters())}, {"params": list(model.fc2.parameters()), "lr": 0.05}]
 
 
-def _server(optimizer_name, mode, wire=torch.float32, per_worker=False, staged=False):
-    mpi = load_mpi()
+def _server(optimizer_name, mode, wire=torch.float32, per_worker=False, staged=False, path=None):
     model = Net()
     optimizer = OPTIMIZERS[optimizer_name](_groups(model))
     reference = copy.deepcopy(model)
     reference_optimizer = OPTIMIZERS[optimizer_name](_groups(reference))
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
-    control = ControlWords(mpi, mpi.COMM_SELF, control_words(WORKERS))
-    nbytes = PushMessage.size(layout, wire)
-    mailboxes = Mailboxes(mpi, mpi.COMM_SELF, WORKERS, nbytes, layout.numel * 4)
-    channel = ServerChannel(control, mailboxes, WORKERS)
     comp = Compensation(mode, per_worker_mean_square=per_worker)
-    server = ParameterServer(
-        optimizer, layout, comp, mailboxes, channel, wire, torch.device("cpu"), Telemetry(WORKERS), staged=staged
-    )
+    server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire,
+                         staged=staged, update_path=path)
     return server, model, reference, reference_optimizer, comp
 
 
@@ -65,17 +57,20 @@ def _push(server, worker, seed, lrs):
     return message.gradient.to(torch.float32, copy=True)  # what the server sees, after any wire cast
 
 
+@pytest.mark.parametrize("path", [None, REFERENCE, FOREACH], ids=["default-path", "reference-path", "foreach-path"])
 @pytest.mark.parametrize("staged", [False, True], ids=["window-backups", "staged-device-path"])
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
 @pytest.mark.parametrize("mode", ["none", "constant", "adaptive"])
-def test_async_updates_match_naive_reference(optimizer_name, mode, staged):
+def test_async_updates_match_naive_reference(optimizer_name, mode, staged, path):
     """``staged`` runs the GPU server's code path (model and backups on the
-    device, messages through bounce buffers) with the CPU as the device."""
-    server, model, reference, reference_optimizer, comp = _server(optimizer_name, mode, staged=staged)
+    device, messages through bounce buffers) with the CPU as the device;
+    ``path`` forces one of the update's implementations."""
+    server, model, reference, reference_optimizer, comp = _server(optimizer_name, mode, staged=staged, path=path)
     assert (server.staging is not None) == staged
-    # on window memory the C kernel takes every SGD step; staged (a GPU's path), only plain SGD is one pass
-    assert server.native_sgd == (optimizer_name.startswith("sgd") and not staged)
-    assert server.fused_sgd == (server.native_sgd or optimizer_name == "sgd")
+    # on window memory the C kernel takes every SGD step; elsewhere the compensation is one pass, then torch steps
+    if path is None:
+        expected = FUSED_SGD if optimizer_name.startswith("sgd") and not staged else FUSED
+        assert server.update.path == expected, server.update.why
     params = list(reference.parameters())
     flat = lambda: torch.cat([p.detach().reshape(-1) for p in params])  # noqa: E731
     backups = [flat() for _ in range(WORKERS)]
@@ -110,16 +105,17 @@ def test_async_updates_match_naive_reference(optimizer_name, mode, staged):
 
 def test_per_worker_mean_square_keeps_one_per_worker():
     server, *_ = _server("sgd", "adaptive", per_worker=True)
-    assert len(server.mean_squares) == WORKERS
+    mean_squares = server.update.state.tensors["mean_square"]
+    assert len(mean_squares) == WORKERS
     pushed = {}
     for i, worker in enumerate([0, 1, 0]):
         pushed.setdefault(worker, []).append(_push(server, worker, seed=i, lrs=[0.1, 0.05]))
         server.apply(worker)
     g0, g0_again = pushed[0]
     g1 = pushed[1][0]
-    assert torch.allclose(server.mean_squares[0], 0.95 * 0.05 * g0 * g0 + 0.05 * g0_again * g0_again, atol=1e-6)
-    assert torch.allclose(server.mean_squares[1], 0.05 * g1 * g1, atol=1e-6)
-    assert torch.equal(server.mean_squares[2], torch.zeros_like(g1))
+    assert torch.allclose(mean_squares[0], 0.95 * 0.05 * g0 * g0 + 0.05 * g0_again * g0_again, atol=1e-6)
+    assert torch.allclose(mean_squares[1], 0.05 * g1 * g1, atol=1e-6)
+    assert torch.equal(mean_squares[2], torch.zeros_like(g1))
 
 
 @pytest.mark.parametrize("staged", [False, True], ids=["window-backups", "staged-device-path"])
@@ -155,18 +151,17 @@ def test_sync_round_averages_and_steps_once(staged):
 
 def test_sgd_detection():
     params = [torch.nn.Parameter(torch.zeros(2))]
-    assert is_plain_sgd(torch.optim.SGD(params, lr=0.1))
-    assert not is_plain_sgd(torch.optim.SGD(params, lr=0.1, momentum=0.9))
+    assert is_sgd(torch.optim.SGD(params, lr=0.1))
     assert is_sgd(torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True))
     assert not is_sgd(torch.optim.SGD(params, lr=0.1, maximize=True))
-    assert not is_sgd(torch.optim.Adam(params)) and not is_plain_sgd(torch.optim.Adam(params))
+    assert not is_sgd(torch.optim.Adam(params))
 
 
 def test_momentum_state_of_the_fused_path_is_the_optimizers_state():
     """The C kernel's momentum buffers are what state_dict() shows, and a
     loaded state (a restore) is what the kernel continues from."""
     server, _, reference, reference_optimizer, _ = _server("sgd-momentum-wd", "none")
-    assert server.native_sgd
+    assert server.update.path == FUSED_SGD
     for i in range(3):
         g = _push(server, i % WORKERS, seed=i, lrs=[0.1, 0.05])
         server.apply(i % WORKERS)
@@ -184,8 +179,9 @@ def test_momentum_state_of_the_fused_path_is_the_optimizers_state():
     for k in restored["state"]:
         restored["state"][k]["momentum_buffer"].fill_(0.5)
     server.load_optimizer_state(restored)
-    assert server.native_sgd and all(server.momentum_started)
-    assert torch.equal(server.momentum_buffer, torch.full_like(server.momentum_buffer, 0.5))
+    assert server.update.path == FUSED_SGD and all(server.update.momentum.started)
+    momentum = server.update.momentum.buffer
+    assert torch.equal(momentum, torch.full_like(momentum, 0.5))
     before = server.weights.clone()
     server.messages[0].gradient.zero_()
     server.apply(0)  # zero gradient: w <- w - lr * (momentum * 0.5 + wd * w)
@@ -198,18 +194,13 @@ def test_momentum_state_of_the_fused_path_is_the_optimizers_state():
 def test_frozen_parameters_in_the_optimizer_do_not_move():
     """torch skips parameters without a gradient, even under weight decay and
     momentum; so does the server for parameters with requires_grad=False."""
-    mpi = load_mpi()
     model = Net()
     model.fc2.bias.requires_grad_(False)
     frozen = model.fc2.bias.detach().clone()
     optimizer = OPTIMIZERS["sgd-momentum-wd"](_groups(model))
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
-    control = ControlWords(mpi, mpi.COMM_SELF, control_words(1))
-    nbytes = PushMessage.size(layout, torch.float32)
-    mailboxes = Mailboxes(mpi, mpi.COMM_SELF, 1, nbytes, layout.numel * 4)
-    server = ParameterServer(optimizer, layout, Compensation("constant"), mailboxes, ServerChannel(control, mailboxes, 1),
-                             torch.float32, torch.device("cpu"), Telemetry(1))
-    assert not server.native_sgd
+    server = open_server(load_mpi().COMM_SELF, optimizer, layout, Compensation("constant"), num_workers=1)
+    assert server.update.path == FUSED, server.update.why
     for i in range(3):
         _push(server, 0, seed=i, lrs=[0.1, 0.05])
         server.messages[0].gradient[-2:].zero_()  # the worker sends zeros for a parameter without a gradient

@@ -61,8 +61,15 @@ if mode == "compare":
     expected["join"] = horovod.join()
     mismatches = {k: (results[k], expected[k]) for k in expected if results[k] != expected[k]}
     assert not mismatches, f"worker {hvd.rank()}: hvd_dcasgd and Horovod disagree: {mismatches}"
-else:
-    assert results["join"] == hvd.size() - 1, results["join"]
+else:  # the answers in closed form: worker r holds base * (r + 1)
+    base, n = torch.arange(6.0).view(2, 3), hvd.size()
+    expected = {"allreduce_Sum": base * n * (n + 1) / 2, "allreduce_Average": base * (n + 1) / 2,
+                "allreduce_Min": base, "allreduce_Max": base * n, "broadcast": base * 2,
+                "allgather": torch.cat([base[: r + 1] * (r + 1) for r in range(n)])}
+    mismatches = {k: (results[k], v.tolist()) for k, v in expected.items() if results[k] != v.tolist()}
+    assert not mismatches, f"worker {hvd.rank()}: wrong collective answers: {mismatches}"
+    assert results["broadcast_object"] == {"from": 1}, results["broadcast_object"]
+    assert results["join"] == n - 1, results["join"]
 
 if method == "horovod":  # synchronous: every worker holds the same weights
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).unsqueeze(0)

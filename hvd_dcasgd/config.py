@@ -1,0 +1,126 @@
+"""Every ``HVD_DCASGD_*`` environment variable, read and validated here.
+
+The package (:func:`setting`) and the launcher (:func:`check_environment`)
+use this one table, so they accept and refuse the same values, and a
+misspelt variable name is an error with the list of known ones instead of a
+setting silently ignored.  Standard library only: the launcher imports it
+without torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+from .errors import HvdDcasgdValueError
+
+__all__ = ["VARIABLES", "Variable", "check_environment", "setting"]
+
+PREFIX = "HVD_DCASGD_"
+
+
+def _text(raw: str) -> str:
+    return raw
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ValueError(f"use {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _non_negative_number(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("it is not a number") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError("use a finite number >= 0")
+    return value
+
+
+def _positive_integer(raw: str) -> int:
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise ValueError("use a whole number >= 1")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: what it does, and how its value is read
+    (``parse`` raises ``ValueError`` with what to use instead)."""
+
+    name: str
+    meaning: str
+    parse: Callable[[str], Any] = _text
+    where: str = "package"  # "package" (every rank reads it) or "scripts" (slurm/ and .ci/ scripts)
+
+
+VARIABLES: Dict[str, Variable] = {v.name: v for v in (
+    Variable("HVD_DCASGD_COMPENSATION", "the compensation (none, constant, adaptive, a registered one), or the "
+             "shorthands sync and horovod; overrides DistributedOptimizer(compensation=...)"),
+    Variable("HVD_DCASGD_SCHEDULE", "async or sync; overrides DistributedOptimizer(schedule=...)", _choice("async", "sync")),
+    Variable("HVD_DCASGD_BACKEND", "server (the parameter server) or horovod (Horovod's own allreduce); overrides "
+             "DistributedOptimizer(backend=...)", _choice("server", "horovod")),
+    Variable("HVD_DCASGD_LAMBDA", "lambda_0; overrides DistributedOptimizer(lambda_0=...)", _non_negative_number),
+    Variable("HVD_DCASGD_TRACE", "a path: the server writes one JSON line per applied gradient"),
+    Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),
+    Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device (default: CUDA when it has one, else the CPU)"),
+    Variable("HVD_DCASGD_HOROVOD", "auto, 0 or 1: start Horovod among the workers", _choice("auto", "0", "1")),
+    Variable("HVD_DCASGD_THREAD_LEVEL", "the MPI thread level mpi4py asks for",
+             _choice("single", "funneled", "serialized", "multiple")),
+    Variable("HVD_DCASGD_NATIVE", "0 turns the C kernel off (1, the default, builds it)", _choice("0", "1")),
+    Variable("HVD_DCASGD_CACHE", "where the C kernel is built (default ~/.cache/hvd_dcasgd)"),
+    Variable("HVD_DCASGD_WITHOUT_HOROVOD", "1: .ci/setup.sh does not build Horovod", _choice("0", "1"), "scripts"),
+    Variable("HVD_DCASGD_LAUNCHER", "srun or mpirun: how the SLURM batch scripts start the ranks",
+             _choice("srun", "mpirun"), "scripts"),
+    Variable("HVD_DCASGD_REPO", "the checkout the SLURM batch scripts run from", where="scripts"),
+    Variable("HVD_DCASGD_VENV", "the virtual environment the SLURM batch scripts use", where="scripts"),
+    Variable("HVD_DCASGD_SLURM_DIR", "where slurm/local_cluster.sh keeps its cluster", where="scripts"),
+    Variable("HVD_DCASGD_SLURM_CPUS", "the CPUs slurm/local_cluster.sh gives its node", _positive_integer, "scripts"),
+)}
+
+
+def _parse(variable: Variable, raw: str) -> Any:
+    try:
+        return variable.parse(raw)
+    except ValueError as exc:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: {variable.name}={raw!r} is not valid: {exc}.") from None
+
+
+def setting(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
+    """The value of variable ``name``, parsed; ``None`` when it is unset or
+    empty.  A value that cannot be used raises a sentence naming it."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    if raw.strip() == "":
+        return None
+    return _parse(VARIABLES[name], raw)
+
+
+def check_environment(environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """One sentence for each ``HVD_DCASGD_*`` variable in ``environ`` that
+    is unknown or has a value that cannot be used."""
+    environ = os.environ if environ is None else environ
+    problems = []
+    for name in sorted(n for n in environ if n.startswith(PREFIX)):
+        if name not in VARIABLES:
+            problems.append(f"hvd_dcasgd: {name} is not a variable of hvd_dcasgd (a misspelling?); known: "
+                            f"{', '.join(sorted(VARIABLES))}.")
+            continue
+        try:
+            setting(name, environ)
+        except HvdDcasgdValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def table(where: Sequence[str] = ("package", "scripts")) -> str:
+    """The variables as a Markdown table (the docs' reference is generated from it)."""
+    rows = [f"| `{v.name}` | {v.meaning} |" for v in VARIABLES.values() if v.where in where]
+    return "\n".join(["| variable | meaning |", "|---|---|", *rows])

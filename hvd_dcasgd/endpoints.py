@@ -1,0 +1,96 @@
+"""The one way to build a parameter server or a worker over a communicator.
+
+Both ends open the same two windows (collective over ``comm``, owned by rank
+``owner``): the control words and the mailboxes.  The server and the worker
+then own their channel and its windows, and free them with ``free()``.  The
+session (over every rank), the simulator, the benchmarks and the tests (over
+``COMM_SELF``, one rank playing every part) all build them here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from .channel import ServerChannel, WorkerChannel, control_words
+from .compensation import Compensation
+from .errors import HvdDcasgdError
+from .layout import ModelLayout, PushMessage
+from .mpi import load_mpi
+from .server import ParameterServer
+from .telemetry import Telemetry
+from .transport import ControlWords, Mailboxes
+from .worker import Worker
+
+__all__ = ["open_server", "open_windows", "open_worker"]
+
+THREAD_MULTIPLE_HINT = (
+    " MPI runs at thread level MULTIPLE, which Open MPI's one-sided component over TCP (osc/pt2pt) "
+    "refuses: set HVD_DCASGD_HOROVOD=0 (MPI then starts at 'serialized'; a script that imports mpi4py.MPI "
+    "itself must import hvd_dcasgd first), or launch with hvd-dcasgd-run, which does so under osc/pt2pt."
+)
+
+
+def open_windows(comm: Any, layout: ModelLayout, wire_dtype: torch.dtype, num_workers: int,
+                 owner: int = 0) -> Tuple[ControlWords, Mailboxes]:
+    """The control words and the mailboxes for ``num_workers`` workers,
+    allocated on ``owner`` (collective over ``comm``); a clear error, the same
+    on every rank, where MPI cannot create them."""
+    mpi = load_mpi()
+    try:
+        control = ControlWords(mpi, comm, control_words(num_workers), owner=owner)
+        mailboxes = Mailboxes(mpi, comm, num_workers, PushMessage.size(layout, wire_dtype),
+                              layout.numel * layout.dtype.itemsize, owner=owner)
+    except mpi.Exception as exc:
+        hint = THREAD_MULTIPLE_HINT if mpi.Query_thread() == mpi.THREAD_MULTIPLE else ""
+        raise HvdDcasgdError(
+            f"hvd_dcasgd: MPI could not create the parameter server's windows ({exc.Get_error_string()}).{hint}",
+            collective=True,
+        ) from exc
+    return control, mailboxes
+
+
+def open_server(
+    comm: Any,
+    optimizer: torch.optim.Optimizer,
+    layout: ModelLayout,
+    compensation: Compensation,
+    *,
+    num_workers: int,
+    wire_dtype: Optional[torch.dtype] = None,
+    device: torch.device = torch.device("cpu"),
+    telemetry: Optional[Telemetry] = None,
+    staged: Optional[bool] = None,
+    extras: Optional[Dict[str, torch.Tensor]] = None,
+    update_path: Optional[str] = None,
+    owner: int = 0,
+) -> ParameterServer:
+    """A :class:`ParameterServer` for ``num_workers`` workers on rank
+    ``owner`` of ``comm`` (collective: every rank of ``comm`` opens its end).
+    ``wire_dtype`` defaults to the model's; the other arguments are the
+    server's (see :class:`ParameterServer`)."""
+    wire_dtype = layout.dtype if wire_dtype is None else wire_dtype
+    control, mailboxes = open_windows(comm, layout, wire_dtype, num_workers, owner)
+    channel = ServerChannel(control, mailboxes, num_workers)
+    telemetry = Telemetry(num_workers) if telemetry is None else telemetry
+    return ParameterServer(optimizer, layout, compensation, channel, wire_dtype, device, telemetry, staged=staged,
+                           extras=extras, update_path=update_path)
+
+
+def open_worker(
+    comm: Any,
+    optimizer: torch.optim.Optimizer,
+    layout: ModelLayout,
+    *,
+    worker: int,
+    num_workers: int,
+    wire_dtype: Optional[torch.dtype] = None,
+    check_finite: bool = True,
+    owner: int = 0,
+) -> Worker:
+    """Worker ``worker``'s end (0-based) of the server on rank ``owner`` of
+    ``comm`` (collective, with :func:`open_server` on the owner)."""
+    wire_dtype = layout.dtype if wire_dtype is None else wire_dtype
+    control, mailboxes = open_windows(comm, layout, wire_dtype, num_workers, owner)
+    return Worker(optimizer, layout, WorkerChannel(control, mailboxes, worker), wire_dtype, check_finite)

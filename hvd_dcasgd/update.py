@@ -1,0 +1,219 @@
+"""The server's update: compensate the stale gradient, then step.
+
+Shaped like ``torch.optim.sgd``: :class:`ServerUpdate` is a thin class that
+gathers the state one update needs (the optimizer, its param groups as ranges
+of the flat buffers, the compensation and its state, the path chosen) and
+calls :func:`update_`, the one functional entry point, which dispatches to
+
+* ``reference``: the compensation's reference implementation (for the
+  built-in ones, the paper's Eq. 10 one tensor at a time), then the user's
+  ``optimizer.step()``;
+* ``foreach``: the compensation with torch's multi-tensor ops, then the step;
+* ``fused``: the compensation in one pass over memory (the C kernel, or
+  cache-sized chunks), then the step;
+* ``fused_sgd``: compensation *and* ``torch.optim.SGD``'s step (weight decay,
+  momentum, dampening, Nesterov) in one pass of the C kernel per param group.
+
+Every path ends with ``w_bak(m) = w``.  :func:`default_update_path` makes
+the choice, in one place, and says why.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from . import native
+from .compensation import Compensation, CompensationState
+from .layout import ModelLayout, trained_parameters
+
+__all__ = ["FUSED", "FUSED_SGD", "FOREACH", "PATHS", "REFERENCE", "ServerUpdate", "default_update_path", "is_sgd",
+           "update_"]
+
+REFERENCE, FOREACH, FUSED, FUSED_SGD = "reference", "foreach", "fused", "fused_sgd"
+PATHS = (REFERENCE, FOREACH, FUSED, FUSED_SGD)
+
+
+def is_sgd(optimizer: torch.optim.Optimizer) -> bool:
+    """True for ``torch.optim.SGD`` itself (not a subclass), descending: the
+    step the C kernel implements, momentum, Nesterov and weight decay included."""
+    return type(optimizer) is torch.optim.SGD and not any(g.get("maximize", False) for g in optimizer.param_groups)
+
+
+def default_update_path(optimizer: torch.optim.Optimizer, compensation: Compensation, tensors: Sequence[Tensor],
+                        staged: bool) -> Tuple[str, str]:
+    """The path :func:`update_` takes by default, and why, in a few words.
+
+    The fewest passes over memory that compute exactly this update: the
+    server is memory-bound, so each pass saved is time saved.
+
+    * ``fused_sgd`` needs the C kernel (built, not switched off), an optimizer
+      whose step it implements (:func:`is_sgd`), a compensation it computes,
+      float32 tensors it can read (contiguous, on the CPU), and no frozen
+      parameter (torch skips those even under weight decay; the kernel does
+      not).  A staged server stands for a GPU one, so it never takes it.
+    * otherwise the compensation runs ``fused`` where every tensor is
+      contiguous on the CPU, and ``foreach`` elsewhere (a GPU), as torch's
+      ``_default_to_fused_or_foreach`` prefers its multi-tensor kernels there;
+      the user's optimizer then steps in its own way.
+    """
+    on_cpu = all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+    if not is_sgd(optimizer):
+        reason = f"{type(optimizer).__name__} is not torch.optim.SGD"
+    elif compensation.rule.kernel(compensation) is None:
+        reason = f"the C kernel does not compute the {compensation.mode!r} compensation"
+    elif staged:
+        reason = "the server stages its tensors through host buffers (a GPU's path)"
+    elif not (on_cpu and all(t.dtype == torch.float32 for t in tensors)):
+        reason = "the C kernel takes contiguous float32 CPU tensors"
+    elif not all(p.requires_grad for p in trained_parameters(optimizer)):
+        reason = "a frozen parameter must not move, which only torch's step knows"
+    elif native.library() is None:
+        reason = "the C kernel is unavailable"
+    else:
+        return FUSED_SGD, "torch.optim.SGD on float32 CPU memory: the C kernel compensates and steps in one pass"
+    path = FUSED if on_cpu else FOREACH
+    return path, f"{reason}: the compensation runs {path}, then the optimizer steps"
+
+
+class FlatMomentum:
+    """``torch.optim.SGD``'s momentum buffers as views of one flat tensor, so
+    the C kernel updates them in its pass and ``state_dict()`` shows them.
+    A group's buffers start from the first gradient, as torch's do; buffers
+    the optimizer already holds (a restore) are taken over as they are."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, layout: ModelLayout, like: Tensor):
+        self.optimizer = optimizer
+        self.buffer = torch.zeros_like(like)
+        self.views = layout.views(self.buffer)
+        self.started: List[bool] = []
+        views = iter(self.views)
+        for group in optimizer.param_groups:
+            pairs = [(p, next(views)) for p in group["params"]]
+            existing = [optimizer.state.get(p, {}).get("momentum_buffer") for p, _ in pairs]
+            started = bool(pairs) and all(b is not None for b in existing)
+            if started:
+                for (p, view), buffer in zip(pairs, existing):
+                    view.copy_(buffer)
+                    optimizer.state[p]["momentum_buffer"] = view
+            self.started.append(started)
+
+    def start(self, group_index: int, first_param: int) -> None:
+        """After a group's first step: its buffers become the optimizer's state."""
+        self.started[group_index] = True
+        group = self.optimizer.param_groups[group_index]
+        for i, p in enumerate(group["params"]):
+            self.optimizer.state[p]["momentum_buffer"] = self.views[first_param + i]
+
+
+def update_(
+    weights: Tensor,
+    grad: Tensor,
+    backup: Tensor,
+    state: Mapping[str, Tensor],
+    *,
+    compensation: Compensation,
+    optimizer: torch.optim.Optimizer,
+    lrs: Sequence[float],
+    group_ranges: Sequence[Tuple[int, int]],
+    path: str,
+    momentum: Optional[FlatMomentum] = None,
+) -> None:
+    """One server update for a gradient ``grad`` computed on ``backup``
+    (w_bak(m)): compensate it against ``weights - backup``, step, and set
+    ``backup = weights``.
+
+    ``optimizer``'s parameters are views of ``weights`` and, except on the
+    ``fused_sgd`` path, its gradients are views of ``grad``, which the
+    compensation overwrites.  ``lrs`` are the pushing worker's learning rates,
+    one per param group; ``state`` the compensation's state for this worker;
+    ``momentum`` the flat momentum buffers of the ``fused_sgd`` path.
+    """
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    if path == FUSED_SGD:
+        _fused_sgd_update(weights, grad, backup, state, compensation=compensation, optimizer=optimizer,
+                          group_ranges=group_ranges, momentum=momentum)
+    elif path in (REFERENCE, FOREACH, FUSED):
+        _compensate_then_step(weights, grad, backup, state, compensation=compensation, optimizer=optimizer, impl=path)
+    else:
+        raise ValueError(f"hvd_dcasgd: unknown update path {path!r}; choose one of {', '.join(PATHS)}")
+
+
+def _compensate_then_step(weights: Tensor, grad: Tensor, backup: Tensor, state: Mapping[str, Tensor], *,
+                          compensation: Compensation, optimizer: torch.optim.Optimizer, impl: str) -> None:
+    """The compensation rule's own implementation ``impl``, then the user's step."""
+    compensation.rule.compensate_([grad], [weights], [backup], {k: [v] for k, v in state.items()}, compensation,
+                                  impl=impl)
+    optimizer.step()
+    backup.copy_(weights)
+
+
+def _fused_sgd_update(weights: Tensor, grad: Tensor, backup: Tensor, state: Mapping[str, Tensor], *,
+                      compensation: Compensation, optimizer: torch.optim.Optimizer,
+                      group_ranges: Sequence[Tuple[int, int]], momentum: Optional[FlatMomentum]) -> None:
+    """Compensation and torch.optim.SGD's step in one pass of the C kernel
+    per param group (each group has its own hyperparameters)."""
+    call = compensation.rule.kernel(compensation)
+    mean_square = None if call.mean_square is None else state[call.mean_square]
+    first_param = 0
+    for g, (group, (start, end)) in enumerate(zip(optimizer.param_groups, group_ranges)):
+        buffer = momentum.buffer[start:end] if group["momentum"] != 0 else None
+        first_step = buffer is not None and not momentum.started[g]
+        native.dcasgd_f32(
+            grad[start:end], weights[start:end], backup[start:end],
+            None if mean_square is None else mean_square[start:end],
+            call.lambda_0, compensation.mean_square_momentum, compensation.eps, group["lr"],
+            weight_decay=group["weight_decay"], momentum=group["momentum"], dampening=group["dampening"],
+            nesterov=group["nesterov"], momentum_buffer=buffer, first_step=first_step,
+        )
+        if first_step:
+            momentum.start(g, first_param)
+        first_param += len(group["params"])
+
+
+class ServerUpdate:
+    """The update as the server runs it, push after push: the optimizer (its
+    parameters views of ``weights``, their gradients views of ``grad``), the
+    compensation with its state, and the path :func:`default_update_path`
+    chose (again after the optimizer's state is loaded)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, layout: ModelLayout, compensation: Compensation,
+                 weights: Tensor, grad: Tensor, num_workers: int, staged: bool, path: Optional[str] = None):
+        self.optimizer = optimizer
+        self.layout = layout
+        self.compensation = compensation
+        self.weights, self.grad = weights, grad
+        self.staged = staged
+        self.requested_path = path
+        self.state = CompensationState(compensation, weights, num_workers)
+        self.group_ranges = layout.group_ranges()
+        self.choose_path()
+
+    def choose_path(self) -> None:
+        """Choose the path (``path`` given to the constructor, else the
+        default) and, for ``fused_sgd`` with momentum, take the optimizer's
+        momentum buffers into one flat tensor."""
+        tensors = [self.weights, self.grad, *(t for ts in self.state.tensors.values() for t in ts)]
+        self.path, self.why = default_update_path(self.optimizer, self.compensation, tensors, self.staged)
+        if self.requested_path is not None:
+            self.path, self.why = self.requested_path, "chosen by the caller"
+        self.momentum = None
+        if self.path == FUSED_SGD and any(g["momentum"] != 0 for g in self.optimizer.param_groups):
+            self.momentum = FlatMomentum(self.optimizer, self.layout, self.weights)
+
+    def __call__(self, gradient: Tensor, backup: Tensor, worker: int, lrs: Sequence[float]) -> None:
+        """Apply ``gradient`` (as pushed: maybe a view of an inbox, maybe of
+        a narrower dtype), computed by ``worker`` on ``backup``."""
+        if self.path != FUSED_SGD or gradient.dtype != self.weights.dtype:
+            gradient = self.grad if gradient is self.grad else self.grad.copy_(gradient)
+        update_(self.weights, gradient, backup, self.state.of(worker), compensation=self.compensation,
+                optimizer=self.optimizer, lrs=lrs, group_ranges=self.group_ranges, path=self.path,
+                momentum=self.momentum)
+
+    def load_optimizer_state(self, state: Dict) -> None:
+        """Load the optimizer's state (a restore), then choose the path again."""
+        self.optimizer.load_state_dict(state)
+        self.choose_path()

@@ -1,0 +1,88 @@
+"""One table of environment variables for the package and the launcher;
+a light import; warnings with a category; files written atomically."""
+
+import json
+import os
+import re
+import stat
+import sys
+
+import pytest
+
+from conftest import ROOT, run
+from hvd_dcasgd.config import VARIABLES, check_environment, setting
+from hvd_dcasgd.errors import HvdDcasgdValueError
+from hvd_dcasgd.files import atomic_write
+from hvd_dcasgd.telemetry import Telemetry
+
+
+def test_settings_are_parsed_and_bad_values_named():
+    assert setting("HVD_DCASGD_LAMBDA", {"HVD_DCASGD_LAMBDA": "0.5"}) == 0.5
+    assert setting("HVD_DCASGD_LAMBDA", {"HVD_DCASGD_LAMBDA": ""}) is None
+    assert setting("HVD_DCASGD_HOROVOD", {"HVD_DCASGD_HOROVOD": " Auto "}) == "auto"
+    for name, raw, reason in [("HVD_DCASGD_LAMBDA", "fast", "it is not a number"),
+                              ("HVD_DCASGD_LAMBDA", "-1", "use a finite number >= 0"),
+                              ("HVD_DCASGD_THREAD_LEVEL", "many", "use single, funneled, serialized, multiple")]:
+        with pytest.raises(HvdDcasgdValueError, match=f"{name}='{raw}' is not valid: {reason}"):
+            setting(name, {name: raw})
+
+
+def test_every_variable_the_code_reads_is_in_the_table():
+    used = set()
+    for folder in ("hvd_dcasgd", "slurm", ".ci", "launch"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and path.suffix in (".py", ".sh", ".sbatch", ""):
+                used |= set(re.findall(r"HVD_DCASGD_[A-Z_]*[A-Z]", path.read_text(errors="replace")))
+    assert len(used) > 10 and used <= set(VARIABLES), sorted(used - set(VARIABLES))
+
+
+def test_check_environment_finds_misspellings_and_bad_values():
+    problems = check_environment({"HVD_DCASGD_COMPENSATON": "none", "HVD_DCASGD_NATIVE": "yes", "PATH": "/bin",
+                                  "HVD_DCASGD_LAMBDA": "0.1"})
+    assert len(problems) == 2
+    assert problems[0].startswith("hvd_dcasgd: HVD_DCASGD_COMPENSATON is not a variable of hvd_dcasgd")
+    assert "HVD_DCASGD_NATIVE='yes' is not valid: use 0, 1." in problems[1]
+
+
+def test_the_launcher_refuses_a_misspelt_variable():
+    result = run([sys.executable, ROOT / "launch" / "hvd-dcasgd-run", "-n", "2", "--dry-run",
+                  "examples/train_digits.py"], env={"HVD_DCASGD_LAMDA": "0.1"})
+    assert result.returncode == 2
+    assert "hvd-dcasgd-run: HVD_DCASGD_LAMDA is not a variable of hvd_dcasgd" in result.stdout
+
+
+def test_importing_the_package_loads_no_torch_until_asked():
+    probe = ("import sys, hvd_dcasgd, hvd_dcasgd.launch; print('torch' in sys.modules); "
+             "hvd_dcasgd.Compensation; print('torch' in sys.modules)")
+    assert run([sys.executable, "-c", probe]).stdout.split() == ["False", "True"]
+
+
+def test_warnings_have_our_category():
+    probe = ("import warnings, hvd_dcasgd as hvd; warnings.simplefilter('error', hvd.HvdDcasgdWarning)\n"
+             "try:\n    hvd.init()\nexcept hvd.HvdDcasgdWarning as w:\n    print('caught', w)")
+    result = run([sys.executable, "-c", probe])
+    assert "caught hvd_dcasgd: running as a single process" in result.stdout, result.stdout
+
+
+def test_atomic_write_gives_the_users_permissions_and_leaves_no_temporary(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_write(tmp_path / "a.json", lambda out: out.write("{}"))
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "a.json").stat().st_mode) == 0o640
+    with pytest.raises(ZeroDivisionError):
+        atomic_write(tmp_path / "a.json", lambda out: out.write(str(1 / 0)))
+    assert (tmp_path / "a.json").read_text() == "{}", "a failed write leaves the old file"
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_telemetry_writes_its_summary_as_json(tmp_path):
+    telemetry = Telemetry(2)
+    for update, (worker, staleness) in enumerate([(0, 0), (1, 1), (0, 1)]):
+        telemetry.record(update, worker, staleness)
+    telemetry.write_summary(tmp_path / "summary.json")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["updates"] == 3 and summary["pushes"] == [2, 1]
+    assert summary["staleness_histogram"] == {"0": 1, "1": 2} and summary["staleness_max"] == 1
+    assert f"{summary['updates_per_s']:.1f} updates/s" in telemetry.summary()

@@ -1,17 +1,52 @@
-"""The evidence command end to end at its smallest size: simulator runs, one
-real mpirun run, the tables, the plots and RESULTS.md, into a temp dir."""
+"""The evidence commands at their smallest size, into temp dirs: ``run.py``
+(simulator runs, one real mpirun run, its replay; then the page), resumed with
+nothing or one run left, and ``report.py`` alone, on a tiny run's evidence and
+on the committed one."""
 
 import json
+import shutil
 import sys
+from pathlib import Path
+
+import pytest
 
 from conftest import ROOT, mpirun, run
 
+EVIDENCE = ROOT / "benchmarks" / "evidence"
+TINY_RUNS = 11  # tiny scale: 9 simulator runs, 1 real run, its replay
 
-def test_evidence_command_writes_tables_plots_and_a_replayable_real_run(tmp_path):
-    out = tmp_path / "docs"
-    result = run([sys.executable, ROOT / "benchmarks" / "evidence" / "run.py", "--scale", "tiny",
-                  "--out", out, "--work", tmp_path / "work"], timeout=600)
+
+def run_evidence(out: Path, work: Path):
+    result = run([sys.executable, EVIDENCE / "run.py", "--scale", "tiny", "--out", out, "--work", work], timeout=600)
     assert result.returncode == 0, result.stdout[-4000:]
+    return result
+
+
+def records_of(out: Path):
+    return {r["key"]: r for r in json.loads((out / "results" / "evidence.json").read_text())["records"]}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """One tiny evidence run, shared by the tests (each changes only a copy):
+    its --out and --work folders and what it printed."""
+    base = tmp_path_factory.mktemp("evidence")
+    result = run_evidence(base / "docs", base / "work")
+    return base / "docs", base / "work", result.stdout
+
+
+@pytest.fixture
+def tiny_copy(tiny, tmp_path):
+    """A copy of the tiny run's --out folder, with its --work folder."""
+    out, work, _ = tiny
+    return shutil.copytree(out, tmp_path / "docs"), work
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_evidence_command_writes_tables_plots_and_a_replayable_real_run(tiny):
+    out, _, printed = tiny
+    assert f"0 recorded already (skipped), {TINY_RUNS} to run" in printed
     page = (out / "RESULTS.md").read_text()
     for heading in ("## Table 1 at CPU scale", "### Reading, computed from the numbers above", "## lambda_0 sweep",
                     "## Delay models against the real system", "## Wall-clock and throughput"):
@@ -22,9 +57,10 @@ def test_evidence_command_writes_tables_plots_and_a_replayable_real_run(tmp_path
         assert (out / "results" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"results/{name}" in page
 
-    records = json.loads((out / "results" / "evidence.json").read_text())["records"]
+    records = list(records_of(out).values())
+    assert len(records) == TINY_RUNS and not [r for r in records if "failed" in r]
     real = [r for r in records if r["source"] == "mpi"]
-    assert len(real) == 1 and "failed" not in real[0], real
+    assert len(real) == 1, real
     real = real[0]
     assert sum(samples for samples, _ in real["per_worker"]) == 2 * 1438, "two epochs of digits' training set, split over the workers"
     trace = [json.loads(line) for line in open(real["trace"])]
@@ -36,6 +72,61 @@ def test_evidence_command_writes_tables_plots_and_a_replayable_real_run(tmp_path
     assert f"{100 * real['final_error']:.2f}" in page
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_finished_evidence_runs_nothing_again_and_only_writes_the_page(tiny_copy):
+    out, work = tiny_copy
+    evidence, page = (out / "results" / "evidence.json").read_bytes(), (out / "RESULTS.md").read_text()
+    (out / "RESULTS.md").unlink()
+    printed = run_evidence(out, work).stdout
+    assert f"{TINY_RUNS} recorded already (skipped), 0 to run" in printed
+    assert "[1/" not in printed and "ran " not in printed, printed
+    assert (out / "results" / "evidence.json").read_bytes() == evidence
+    assert (out / "RESULTS.md").read_text() == page
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_report_alone_rewrites_the_page_from_the_evidence(tiny_copy):
+    out, _ = tiny_copy
+    page = (out / "RESULTS.md").read_text()
+    (out / "RESULTS.md").unlink()
+    result = run([sys.executable, EVIDENCE / "report.py", "--out", out], timeout=120)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert (out / "RESULTS.md").read_text() == page
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_evidence_resumes_with_exactly_the_runs_not_recorded(tiny_copy):
+    out, work = tiny_copy
+    path = out / "results" / "evidence.json"
+    evidence = json.loads(path.read_text())
+    missing = "sim/digits/sgd/M1/e2/s0/round-robin"
+    evidence["records"] = [r for r in evidence["records"] if r["key"] != missing]
+    path.write_text(json.dumps(evidence))
+    printed = run_evidence(out, work).stdout
+    assert f"{TINY_RUNS - 1} recorded already (skipped), 1 to run" in printed
+    assert f"[1/1] {missing}: done" in printed and "[2/" not in printed, printed
+    records = records_of(out)
+    assert set(records) == {r["key"] for r in evidence["records"]} | {missing}
+    assert all(records[r["key"]] == r for r in evidence["records"]), "the recorded runs are kept as they were"
+    sessions = json.loads(path.read_text())["sessions"]
+    assert [s["runs"] for s in sessions] == [TINY_RUNS, 1]
+    assert "in 2 sessions" in (out / "RESULTS.md").read_text()
+
+
+def test_report_reproduces_the_committed_page_from_the_committed_evidence(tmp_path):
+    """docs/RESULTS.md is what report.py makes of docs/results/evidence.json."""
+    (tmp_path / "results").mkdir()
+    shutil.copy(ROOT / "docs" / "results" / "evidence.json", tmp_path / "results")
+    result = run([sys.executable, EVIDENCE / "report.py", "--out", tmp_path], timeout=120)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert (tmp_path / "RESULTS.md").read_text() == (ROOT / "docs" / "RESULTS.md").read_text()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_digits_example_straggler_pushes_late(tmp_path):
     """With --straggler the last worker's pushes reach the server later: in
     asynchronous training it has pushed fewer of the first half's gradients."""

@@ -90,6 +90,7 @@ class Task:
     lambda_constant: float  # DC-ASGD-c's lambda_0
     lambda_adaptive: float  # DC-ASGD-a's lambda_0
     target_error: float  # for time-to-accuracy
+    sizes: Tuple[int, int]  # training and test examples, checked on loading, so the report needs no data
 
     def lr_at(self, epoch: int, epochs: int = 0) -> float:
         """The paper's step schedule: lr, divided by 10 at 50% and 75% of the epochs."""
@@ -108,12 +109,15 @@ class Task:
             partial = path.with_suffix(f".{os.getpid()}.tmp")
             torch.save(self.load(), partial)
             partial.replace(path)
-        return torch.load(path)
+        train, test = torch.load(path)
+        if (len(train[1]), len(test[1])) != self.sizes:
+            raise ValueError(f"{path}: {len(train[1])} training and {len(test[1])} test examples, not {self.sizes}")
+        return train, test
 
 
 TASKS: Dict[str, Task] = {
     "digits": Task("digits", DigitsNet, load_digits_data, epochs=12, batch_size=16, lr=0.05,
-                   lambda_constant=0.04, lambda_adaptive=2.0, target_error=0.10),
+                   lambda_constant=0.04, lambda_adaptive=2.0, target_error=0.10, sizes=(1438, 359)),
     "mnist1d": Task("mnist1d", Mnist1dNet, load_mnist1d_data, epochs=10, batch_size=32, lr=0.05,
-                    lambda_constant=0.04, lambda_adaptive=2.0, target_error=0.60),
+                    lambda_constant=0.04, lambda_adaptive=2.0, target_error=0.60, sizes=(4000, 1000)),
 }

@@ -1,0 +1,72 @@
+"""``evidence.json``: reading and writing it, and picking records out of it.
+
+The file holds the scale's name, one entry per ``run.py`` session that ran
+something (command, machine, load, seconds: what only a live run knows) and
+one record per finished run: the fields of its plan entry, ``key``, and its
+results, or ``failed`` with the last lines it printed.  Files written before
+the split into plan, run and report (no keys, no sessions, the benchmark under
+``bench``) read the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Dict, List
+
+from plan import key_of
+
+
+def empty(scale: str) -> Dict:
+    return {"scale": scale, "sessions": [], "records": []}
+
+
+def load(path: Path) -> Dict:
+    """The evidence in ``path``, every record with its key."""
+    data = json.loads(Path(path).read_text())
+    records = data["records"] + ([{"source": "bench", **data["bench"]}] if data.get("bench") else [])
+    return {"scale": data["scale"], "sessions": data.get("sessions", []),
+            "records": [{"key": key_of(r), **r} for r in records]}
+
+
+def save(path: Path, evidence: Dict) -> None:
+    """Write ``evidence`` to ``path`` through a temporary file in the same
+    folder, so that a run killed while writing leaves the last complete file."""
+    partial = Path(path).with_name(f"{Path(path).name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(evidence, indent=1))
+    os.replace(partial, path)
+
+
+def succeeded(evidence: Dict) -> Dict[str, Dict]:
+    """The records that did not fail, by key: the runs done."""
+    return {r["key"]: r for r in evidence["records"] if "failed" not in r}
+
+
+def select(records: List[Dict], **match) -> List[Dict]:
+    """The records that did not fail and have every field of ``match``."""
+    return [r for r in records if "failed" not in r and all(r.get(k) == v for k, v in match.items())]
+
+
+def errors_of(records: List[Dict], **match) -> List[float]:
+    """Final test errors in %, of the records ``select`` picks."""
+    return [100 * r["final_error"] for r in select(records, **match)]
+
+
+def mean_staleness(record: Dict) -> float:
+    counts = {int(s): n for s, n in record.get("staleness", {}).items()}
+    return sum(s * n for s, n in counts.items()) / max(1, sum(counts.values()))
+
+
+def wallclock_rows(records: List[Dict], task: str, workers: int) -> List[Dict]:
+    """Seed-0 real runs of ``task`` at ``workers`` workers (and sequential
+    SGD), with and without the straggler, failed ones too: what the wall-clock
+    table and plot show."""
+    rows = []
+    for straggler in sorted({r["straggler"] for r in select(records, source="mpi", task=task)}):
+        for method in ("sgd", "none", "constant", "adaptive", "sync", "horovod"):
+            found = [r for r in records if r["source"] == "mpi" and r["task"] == task and r["method"] == method
+                     and r["seed"] == 0 and r["straggler"] == straggler and r["workers"] in (1, workers)]
+            if found and not (method == "sgd" and straggler != 1.0):
+                rows.append(found[0])
+    return rows

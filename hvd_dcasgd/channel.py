@@ -21,6 +21,7 @@ from typing import List, Tuple
 
 import numpy as np
 
+from .errors import HvdDcasgdError
 from .transport import Backoff, ControlWords, Mailboxes
 
 WORDS_PER_WORKER = 3
@@ -94,7 +95,7 @@ class ServerChannel:
         per_worker = words[:-1].reshape(self.num_workers, WORDS_PER_WORKER)
         pushed = per_worker[:, PUSHED]
         if np.any(pushed > self.answered + 1):
-            raise RuntimeError(f"hvd_dcasgd: protocol violation, pushes {pushed} answered {self.answered}")
+            raise HvdDcasgdError(f"hvd_dcasgd: protocol violation, pushes {pushed} answered {self.answered}")
         ready = [int(j) for j in np.flatnonzero(pushed > self.answered)]
         if ready:
             self.mailboxes.sync()

@@ -21,7 +21,7 @@ import torch
 from .compensation import Compensation
 from .config import setting
 from .endpoints import open_server, open_worker
-from .errors import HvdDcasgdError
+from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, trained_parameters, untrained_state
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
@@ -126,7 +126,7 @@ class ControlRequests:
             return self.server.load_optimizer_state(request["state"])
         if kind == "optimizer_state":
             return to_cpu(self.server.optimizer.state_dict())
-        raise ValueError(f"unknown request {kind!r}")
+        raise HvdDcasgdValueError(f"unknown request {kind!r}")
 
     def answer(self) -> None:
         """Server side: handle every pending request; a failure goes back to

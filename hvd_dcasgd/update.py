@@ -27,6 +27,7 @@ from torch import Tensor
 
 from . import native
 from .compensation import Compensation, CompensationState
+from .errors import HvdDcasgdValueError
 from .layout import ModelLayout, trained_parameters
 
 __all__ = ["FUSED", "FUSED_SGD", "FOREACH", "PATHS", "REFERENCE", "ServerUpdate", "default_update_path", "is_sgd",
@@ -139,7 +140,7 @@ def update_(
     elif path in (REFERENCE, FOREACH, FUSED):
         _compensate_then_step(weights, grad, backup, state, compensation=compensation, optimizer=optimizer, impl=path)
     else:
-        raise ValueError(f"hvd_dcasgd: unknown update path {path!r}; choose one of {', '.join(PATHS)}")
+        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown update path {path!r}; choose one of {', '.join(PATHS)}")
 
 
 def _compensate_then_step(weights: Tensor, grad: Tensor, backup: Tensor, state: Mapping[str, Tensor], *,

@@ -1,12 +1,13 @@
 """Shared helpers: run a program under the real ``mpirun``, with a timeout."""
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from hvd_dcasgd.process import run_command
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
@@ -14,19 +15,14 @@ TCP = ("--mca", "btl", "tcp,self", "--mca", "osc", "pt2pt")
 
 
 def run(cmd, env=None, timeout=180):
-    """Run ``cmd`` in its own process group; kill the group on timeout."""
+    """Run ``cmd`` in its own process group, this checkout first on
+    PYTHONPATH; a run past ``timeout`` (a hang) fails the test."""
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout} s (a hang): {' '.join(map(str, cmd))}\n{out[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    result = run_command(cmd, timeout=timeout, env=full_env, cwd=ROOT)
+    if result.timed_out:
+        pytest.fail(f"timed out after {timeout} s (a hang): {' '.join(result.args)}\n{result.stdout[-4000:]}")
+    return subprocess.CompletedProcess(result.args, result.returncode, result.stdout, "")
 
 
 def mpirun(np, program, *args, mca=(), env=None, timeout=180):

@@ -8,6 +8,8 @@ from conftest import ROOT, mpirun
 
 import hvd_dcasgd
 
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
 
 @pytest.mark.parametrize("mode", hvd_dcasgd.MODES)
 def test_digits_example_reaches_95_percent(mode, tmp_path):

@@ -63,6 +63,7 @@ def test_horovod_was_built_for_pytorch_and_mpi():
     assert re.search(r"\[X\] MPI", result.stdout), result.stdout
 
 
+@pytest.mark.mpi
 @needs_horovod
 @pytest.mark.parametrize("method", ["adaptive", "horovod"])
 def test_workers_are_a_horovod_job_and_agree_with_horovod_under_mpirun(method):
@@ -71,6 +72,7 @@ def test_workers_are_a_horovod_job_and_agree_with_horovod_under_mpirun(method):
     agreement(result.stdout, 2)
 
 
+@pytest.mark.mpi
 @needs_horovod
 def test_workers_are_a_horovod_job_under_horovodrun():
     result = horovodrun(3, AGREEMENT, "constant", "compare")
@@ -78,12 +80,14 @@ def test_workers_are_a_horovod_job_under_horovodrun():
     agreement(result.stdout, 2)
 
 
+@pytest.mark.mpi
 def test_collectives_and_join_work_without_horovod():
     result = mpirun(4, AGREEMENT, "none", "alone", env=WITHOUT_HOROVOD, timeout=180)
     assert result.returncode == 0, result.stdout[-4000:]
     agreement(result.stdout, 3)
 
 
+@pytest.mark.mpi
 def test_horovod_baseline_without_horovod_is_a_clear_error_on_every_rank():
     result = mpirun(3, AGREEMENT, "horovod", "alone", env=WITHOUT_HOROVOD, timeout=120)
     assert result.returncode != 0
@@ -91,6 +95,7 @@ def test_horovod_baseline_without_horovod_is_a_clear_error_on_every_rank():
                                "HVD_DCASGD_HOROVOD=0 turned it off") == 3, result.stdout[-3000:]
 
 
+@pytest.mark.mpi
 @needs_horovod
 def test_workers_that_disagree_about_horovod_all_run_without_it():
     """Horovod turned off on the last worker only: no worker may start it (the
@@ -119,6 +124,8 @@ def test_the_drop_in_example_differs_from_horovods_by_its_import_only():
     assert changed == ["--- ", "+++ ", "-import horovod.torch as hvd", "+import hvd_dcasgd as hvd"], changed
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @needs_horovod
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
 def test_plain_horovod_example_trains(launcher):
@@ -127,6 +134,8 @@ def test_plain_horovod_example_trains(launcher):
     assert final_accuracy(result.stdout) > 0.8
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
 def test_drop_in_example_trains_asynchronously(launcher):
     if launcher == "horovodrun" and not HOROVOD_INSTALLED:
@@ -137,6 +146,8 @@ def test_drop_in_example_trains_asynchronously(launcher):
     assert "hvd_dcasgd server: " in result.stdout, result.stdout[-2000:]  # the parameter server ran
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_drop_in_example_checkpoints_on_worker_0_and_resumes(tmp_path):
     checkpoints = str(tmp_path / "checkpoint-{epoch}.pth.tar")
     first = mpirun(3, OURS, "--epochs", 2, "--checkpoint-format", checkpoints, timeout=240)
@@ -150,6 +161,8 @@ def test_drop_in_example_checkpoints_on_worker_0_and_resumes(tmp_path):
     assert final_accuracy(resumed.stdout) >= final_accuracy(first.stdout) - 0.1  # it went on, not from scratch
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
 @needs_horovod
 def test_horovod_baseline_runs_the_same_script_with_the_server_idle():
     result = mpirun(3, OURS, "--epochs", 6, env={"HVD_DCASGD_COMPENSATION": "horovod"}, timeout=240)

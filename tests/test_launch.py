@@ -41,6 +41,8 @@ def rank_program(tmp_path):
 
 # Real runs through the real mpirun.
 
+@pytest.mark.mpi
+@pytest.mark.slow
 def test_trains_the_digits_example_with_two_workers():
     result = hvd_dcasgd_run("-n", 2, "examples/train_digits.py", "--epochs", 2, timeout=300)
     assert result.returncode == 0, result.stdout
@@ -52,6 +54,7 @@ def test_trains_the_digits_example_with_two_workers():
     ("7", {"0": "'7'", "1": "'7'", "2": "'7'", "3": "'7'"}),      # one GPU: every rank shares it
     ("none", {"0": "''", "1": "''", "2": "''", "3": "''"}),        # CPU only
 ])
+@pytest.mark.mpi
 def test_each_rank_gets_its_gpu_and_the_script_its_arguments(tmp_path, gpus, expected):
     result = hvd_dcasgd_run("-n", 3, "--gpus", gpus, "--verbose", rank_program(tmp_path), "-n", 9, "--flag")
     assert result.returncode == 0, result.stdout
@@ -60,6 +63,7 @@ def test_each_rank_gets_its_gpu_and_the_script_its_arguments(tmp_path, gpus, exp
     assert "hvd-dcasgd-run: " + shlex.quote(shutil.which("mpirun")) + " " in result.stdout
 
 
+@pytest.mark.mpi
 def test_exit_status_is_the_jobs(tmp_path):
     result = hvd_dcasgd_run("-n", 1, rank_program(tmp_path), env={"EXIT_STATUS": "3"})
     assert result.returncode == 3, result.stdout

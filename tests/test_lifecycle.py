@@ -15,6 +15,7 @@ import synthetic  # noqa: E402
 WORKERS, STEPS = 3, 8
 
 
+@pytest.mark.mpi
 def test_sync_equals_sequential_sgd_on_concatenated_batches(tmp_path):
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--compensation", "sync", "--steps", STEPS,
                     "--momentum", "0.9", "--out", tmp_path)
@@ -36,6 +37,7 @@ def test_sync_equals_sequential_sgd_on_concatenated_batches(tmp_path):
         assert torch.allclose(final["b"], model.b.detach(), atol=1e-5)
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("mode", ["adaptive", "sync"])
 def test_uneven_workers_finish_and_every_rank_holds_the_final_weights(tmp_path, mode):
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--compensation", mode, "--steps", 4, "--uneven",
@@ -54,6 +56,7 @@ def test_uneven_workers_finish_and_every_rank_holds_the_final_weights(tmp_path, 
         assert "server: 12 updates in" in result.stdout
 
 
+@pytest.mark.mpi
 def test_without_model_buffers_broadcast_by_the_script_are_combined(tmp_path):
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--no-model", "--steps", 3, "--out", tmp_path)
     assert result.returncode == 0, result.stdout
@@ -62,6 +65,7 @@ def test_without_model_buffers_broadcast_by_the_script_are_combined(tmp_path):
         assert torch.equal(torch.load(tmp_path / f"worker{m}.pt")["running"], average)
 
 
+@pytest.mark.mpi
 def test_stepping_after_shutdown_is_a_clear_error():
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--steps", 2, "--after-shutdown", timeout=60)
     assert result.returncode == 0, result.stdout
@@ -86,6 +90,7 @@ def test_one_process_trains_locally_with_a_warning(tmp_path):
     assert torch.allclose(torch.load(tmp_path / "worker0.pt")["a"], model.a.detach())
 
 
+@pytest.mark.mpi
 def test_mpirun_np_1_trains_locally_with_a_warning(tmp_path):
     result = mpirun(1, PROGRAMS / "synthetic.py", "--steps", 2)
     assert result.returncode == 0, result.stdout
@@ -104,18 +109,21 @@ def test_mpirun_np_1_trains_locally_with_a_warning(tmp_path):
         ("mode", "the server runs compensation 'adaptive' but worker 0 asks for 'constant'"),
     ],
 )
+@pytest.mark.mpi
 def test_bad_launch_fails_fast_on_every_rank(bad, message):
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", bad, timeout=60)
     assert result.returncode != 0
     assert result.stdout.count(message) == WORKERS + 1, result.stdout
 
 
+@pytest.mark.mpi
 def test_nan_gradient_is_refused_and_aborts_the_job():
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "nan", timeout=60)
     assert result.returncode != 0
     assert "worker 1: the gradient of 'b' holds NaN or Inf at push 3; nothing was pushed" in result.stdout
 
 
+@pytest.mark.mpi
 def test_nan_gradient_caught_by_the_script_loses_nothing(tmp_path):
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "nan-skip", "--steps", STEPS, "--out", tmp_path)
     assert result.returncode == 0, result.stdout
@@ -127,18 +135,21 @@ def test_nan_gradient_caught_by_the_script_loses_nothing(tmp_path):
 BLOCK_MPI = "import sys; sys.modules['mpi4py'] = None; import hvd_dcasgd as hvd; hvd.init(); print('size', hvd.size())"
 
 
+@pytest.mark.mpi
 def test_missing_mpi_one_process_warns_and_trains_locally():
     result = run([sys.executable, "-c", BLOCK_MPI])
     assert result.returncode == 0, result.stdout
     assert "MPI is not available" in result.stdout and "size 1" in result.stdout
 
 
+@pytest.mark.mpi
 def test_missing_mpi_under_a_launcher_is_a_clear_error():
     result = run([sys.executable, "-c", BLOCK_MPI], env={"OMPI_COMM_WORLD_SIZE": "3"})
     assert result.returncode != 0
     assert "hvd_dcasgd needs mpi4py, which is not installed" in result.stdout
 
 
+@pytest.mark.mpi
 def test_horovod_helpers_work_among_the_workers(tmp_path):
     result = mpirun(WORKERS + 1, PROGRAMS / "collectives.py", tmp_path, timeout=60)
     assert result.returncode == 0, result.stdout
@@ -158,6 +169,7 @@ def test_horovod_helpers_work_among_the_workers(tmp_path):
         assert r["final_momentum"] == 0.5 and r["final_state_entries"] == 2
 
 
+@pytest.mark.mpi
 def test_one_worker_is_sequential_sgd_in_every_mode(tmp_path):
     args = synthetic.parse_args(["--momentum", "0.9"])
     torch.manual_seed(1000)
@@ -176,6 +188,7 @@ def test_one_worker_is_sequential_sgd_in_every_mode(tmp_path):
         assert torch.allclose(torch.load(out / "worker0.pt")["a"], model.a.detach(), atol=1e-6), mode
 
 
+@pytest.mark.mpi
 def test_mpi_imported_first_works_on_shared_memory_and_explains_itself_over_tcp():
     ok = mpirun(3, PROGRAMS / "mpi_first.py", timeout=60)
     assert ok.returncode == 0 and "worker 1 done" in ok.stdout, ok.stdout

@@ -10,14 +10,15 @@ submitted at once and run side by side.
 
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 
 import pytest
 
 from conftest import ROOT
+from hvd_dcasgd.process import run_command
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 CLUSTER = ROOT / "slurm" / "local_cluster.sh"
 #: How long a job may take, from submission to its end, on 2 busy cores.
@@ -31,15 +32,8 @@ ACCURACY = re.compile(r"final test accuracy (\d\.\d+) \(compensation \w+, (\d+) 
 def _command(cmd, env, timeout):
     """Run ``cmd`` in its own process group, killed as a whole on timeout
     (``None`` then); the result otherwise."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+    result = run_command(cmd, timeout=timeout, env=env, cwd=ROOT)
+    return None if result.timed_out else result
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ import synthetic  # noqa: E402
 
 from hvd_dcasgd import dcasgd_  # noqa: E402
 
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
 WORKERS, STEPS = 3, 12
 
 

@@ -5,6 +5,8 @@ import pytest
 
 from conftest import PROGRAMS, TCP, mpirun
 
+pytestmark = [pytest.mark.mpi]
+
 CHECKS = [
     "ok control words: atomic add",
     "ok control words: store/load_all",

@@ -91,7 +91,7 @@ def main():
     shard = torch.arange(hvd.rank(), len(y_train), hvd.size())
     generator = torch.Generator().manual_seed(args.seed + hvd.rank())
     slow = args.straggler > 1.0 and hvd.rank() == hvd.size() - 1
-    started = time.perf_counter()
+    started, slept = time.perf_counter(), 0.0
     for epoch in range(args.epochs):
         order = shard[torch.randperm(len(shard), generator=generator)]
         for start in range(0, len(order), args.batch_size):
@@ -101,13 +101,17 @@ def main():
             loss = F.cross_entropy(model(x_train[batch]), y_train[batch])
             loss.backward()
             if slow:
-                time.sleep((args.straggler - 1.0) * (time.perf_counter() - computing))
+                pause = (args.straggler - 1.0) * (time.perf_counter() - computing)
+                time.sleep(pause)
+                slept += pause
             optimizer.step()
         test_accuracy = hvd.allreduce(torch.tensor(accuracy(model, x_test, y_test)), name="accuracy").item()
         if hvd.rank() == 0 and (epoch + 1) % 10 == 0:
             print(f"epoch {epoch + 1}: loss {loss.item():.4f}, mean worker test accuracy {test_accuracy:.4f}", flush=True)
 
     hvd.shutdown()  # every rank now holds the server's final weights
+    if slow:
+        print(f"worker {hvd.rank()} (the straggler) slept {slept:.2f} s", flush=True)
     if hvd.rank() == 0:
         print(
             f"final test accuracy {accuracy(model, x_test, y_test):.4f} "

@@ -174,27 +174,45 @@ def DistributedOptimizer(
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for asynchronous training with delay compensation.
 
+    On a worker, ``step()`` pushes the gradients to the parameter server and
+    loads the weights it answers with; on the server rank this call serves
+    until every worker has finished, then exits with status 0.
+
     Arguments:
-        compensation: ``"adaptive"`` (DC-ASGD-a), ``"constant"`` (DC-ASGD-c),
-            ``"none"`` (ASGD) or any registered compensation; the shorthands
-            ``"sync"`` (``none`` on the ``sync`` schedule: synchronous SGD on
-            the server) and ``"horovod"`` (the ``horovod`` backend) keep working.
+        optimizer: the optimizer the server runs (any ``torch.optim``
+            optimizer; ``torch.optim.SGD`` takes the one-pass C kernel).
+        named_parameters: the model's ``named_parameters()``, so that a
+            mismatch between ranks is reported by name.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16``: the dtype
+            gradients travel in.
+        backward_passes_per_step: backward passes accumulated locally per step.
+        op: must be ``Average``.  ``gradient_predivide_factor``,
+            ``num_groups``, ``groups``, ``sparse_as_dense`` and ``process_set``
+            are Horovod's; they are accepted and have no effect here (one flat
+            dense message carries every gradient), and are passed on under the
+            ``horovod`` backend.
+        compensation: ``"adaptive"`` (DC-ASGD-a, default), ``"constant"``
+            (DC-ASGD-c), ``"none"`` (ASGD) or any registered compensation; the
+            shorthands ``"sync"`` (``none`` on the ``sync`` schedule: SSGD on
+            the server) and ``"horovod"`` (the ``horovod`` backend).
+            ``HVD_DCASGD_COMPENSATION`` overrides it.
+        lambda_0: the compensation's lambda_0 (default: the rule's, the
+            paper's values).  ``HVD_DCASGD_LAMBDA`` overrides it.
+        mean_square_momentum, eps: DC-ASGD-a's MeanSquare momentum and epsilon.
+        per_worker_mean_square: one MeanSquare per worker (the authors' code)
+            instead of the paper's global one.
+        model: lets the server manage the rest of the model's state (buffers
+            such as BatchNorm statistics, frozen parameters).
+        trace: a path for the server's JSON-lines trace (``HVD_DCASGD_TRACE``).
+        server_device: the server's device, CUDA when it has one by default
+            (``HVD_DCASGD_SERVER_DEVICE``).
+        check_finite: refuse a NaN or Inf gradient on the worker, before it is sent.
         schedule: ``"async"`` (default: each push applied as it arrives) or
             ``"sync"`` (one averaged update per round of pushes).
-        backend: ``"server"`` (default: the parameter server) or
-            ``"horovod"`` (Horovod's own ``DistributedOptimizer``, which then
-            gets every Horovod argument).
-        ``HVD_DCASGD_COMPENSATION``, ``HVD_DCASGD_SCHEDULE``,
-        ``HVD_DCASGD_BACKEND`` and ``HVD_DCASGD_LAMBDA`` override
-        ``compensation``, ``schedule``, ``backend`` and ``lambda_0``.
-    Horovod's ``gradient_predivide_factor``, ``num_groups``, ``groups``,
-    ``sparse_as_dense`` and ``process_set`` are accepted and have no effect
-    (one flat message carries every gradient, dense); ``op`` must be Average.
-    ``model`` lets the server manage the rest of the model's state (buffers such
-    as BatchNorm statistics, frozen parameters).
-    ``trace`` (or ``HVD_DCASGD_TRACE``) is a path for the server's JSON-lines
-    trace.  ``server_device`` (or ``HVD_DCASGD_SERVER_DEVICE``) overrides the
-    server's device, CUDA when it has one.  See the README for every option.
+            ``HVD_DCASGD_SCHEDULE`` overrides it.
+        backend: ``"server"`` (default: the parameter server) or ``"horovod"``
+            (Horovod's own ``DistributedOptimizer`` among the workers, the
+            server rank idle).  ``HVD_DCASGD_BACKEND`` overrides it.
     """
     rt = runtime()
     if rt.session is not None:

@@ -29,6 +29,7 @@ from . import native
 from .compensation import Compensation, CompensationState
 from .errors import HvdDcasgdValueError
 from .layout import ModelLayout, trained_parameters
+from .tensors import snapshot
 
 __all__ = ["FUSED", "FUSED_SGD", "FOREACH", "PATHS", "REFERENCE", "ServerUpdate", "default_update_path", "is_sgd",
            "update_"]
@@ -215,6 +216,15 @@ class ServerUpdate:
                 momentum=self.momentum)
 
     def load_optimizer_state(self, state: Dict) -> None:
-        """Load the optimizer's state (a restore), then choose the path again."""
-        self.optimizer.load_state_dict(state)
-        self.choose_path()
+        """Load the optimizer's state (a restore), then choose the path again.
+        All or nothing: a state that cannot be loaded (or that the chosen path
+        cannot take, such as a momentum buffer of the wrong shape) raises and
+        leaves the optimizer as it was."""
+        before = snapshot(self.optimizer.state_dict())
+        try:
+            self.optimizer.load_state_dict(state)
+            self.choose_path()
+        except Exception as exc:
+            self.optimizer.load_state_dict(before)
+            self.choose_path()
+            raise HvdDcasgdValueError(f"hvd_dcasgd: the optimizer's state cannot be loaded ({exc})") from exc

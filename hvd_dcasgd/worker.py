@@ -60,19 +60,26 @@ class Worker:
         into the message; refuse non-finite gradients before anything is sent."""
         flatten_into(self.message.gradient, self.gradient_views, [p.grad for p in self.params])
         if self.check_finite and not _all_finite(self.message.gradient):
-            name = next(
-                spec.name
-                for spec, view in zip(self.layout.params, self.gradient_views)
-                if not bool(torch.isfinite(view).all())
-            )
-            cast = "" if self.message.gradient.dtype == self.layout.dtype else f" (as {self.message.gradient.dtype})"
-            raise HvdDcasgdError(
-                f"hvd_dcasgd: worker {self.channel.worker}: the gradient of {name!r}{cast} holds NaN or Inf at "
-                f"push {self.channel.pushes}; nothing was pushed and the server's weights are unchanged "
-                f"(lower the learning rate, clip gradients, or catch this error to skip the batch)."
-            )
+            raise HvdDcasgdError(f"hvd_dcasgd: worker {self.channel.worker}: {self._what_is_not_finite()} at push "
+                                 f"{self.channel.pushes}; nothing was pushed and the server's weights are unchanged "
+                                 "(lower the learning rate, clip gradients, or catch this error to skip the batch).")
         for i, group in enumerate(self.optimizer.param_groups):
             self.message.lrs[i] = float(group["lr"])
+
+    def _what_is_not_finite(self) -> str:
+        """Which gradient is not finite on the wire, and why: a NaN or Inf of
+        its own, or finite values the wire dtype cannot hold."""
+        wire = self.message.gradient.dtype
+        for spec, view, p in zip(self.layout.params, self.gradient_views, self.params):
+            if bool(torch.isfinite(view).all()):
+                continue
+            if wire != self.layout.dtype and p.grad is not None and bool(torch.isfinite(p.grad).all()):
+                largest = torch.finfo(wire).max
+                name = str(wire).replace("torch.", "")
+                return f"the gradient of {spec.name!r} holds finite values beyond {name}'s range (largest {largest:.0f})"
+            cast = "" if wire == self.layout.dtype else f" (as {wire})"
+            return f"the gradient of {spec.name!r}{cast} holds NaN or Inf"
+        return "the gradient holds NaN or Inf"
 
     def load_weights(self) -> None:
         """Copy the weights last received into the model's parameters."""

@@ -21,7 +21,7 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
 # Since SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task.
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 
-echo "hvd_dcasgd: 1 server + $((SLURM_NTASKS - 1)) workers on ${SLURM_JOB_NUM_NODES} node(s) ${SLURM_JOB_NODELIST}, $LAUNCHER: ${COMMAND[*]}"
+echo "hvd_dcasgd: 1 server + $((SLURM_NTASKS - 1)) workers on ${SLURM_JOB_NUM_NODES:-?} node(s) ${SLURM_JOB_NODELIST:-?}, $LAUNCHER: ${COMMAND[*]}"
 case "$LAUNCHER" in
     srun)
         # With sbatch --gpus-per-task, srun inherits it and binds each rank to

@@ -1,5 +1,6 @@
 """Shared helpers: run a program under the real ``mpirun``, with a timeout."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -34,3 +35,25 @@ def mpirun(np, program, *args, mca=(), env=None, timeout=180):
 
 def python(program, *args, env=None, timeout=180):
     return run([sys.executable, str(program), *map(str, args)], env=env, timeout=timeout)
+
+
+def unavailable(reason, deliberate=False):
+    """A real component the test needs (Horovod, SLURM) could not be had:
+    skip, saying why -- except under CI (``CI`` set), whose set-up is there to
+    provide it, where the test fails; ``deliberate`` (the set-up was told to
+    leave the component out) skips there too."""
+    if os.environ.get("CI") and not deliberate:
+        pytest.fail(f"{reason} (CI is set: its set-up is supposed to provide this)")
+    pytest.skip(reason)
+
+
+def horovod_installed() -> bool:
+    return importlib.util.find_spec("horovod") is not None
+
+
+@pytest.fixture
+def horovod_required():
+    """Use with ``@pytest.mark.usefixtures("horovod_required")``."""
+    if not horovod_installed():
+        unavailable("Horovod is not installed: `bash .ci/setup.sh` builds it",
+                    deliberate=os.environ.get("HVD_DCASGD_WITHOUT_HOROVOD") == "1")

@@ -7,7 +7,6 @@ runs with the integration turned off (``HVD_DCASGD_HOROVOD=0``).
 """
 
 import difflib
-import importlib.util
 import json
 import os
 import re
@@ -16,13 +15,10 @@ import sys
 
 import pytest
 
-from conftest import PROGRAMS, ROOT, mpirun, run
+from conftest import PROGRAMS, ROOT, horovod_installed, mpirun, run, unavailable
 
-HOROVOD_INSTALLED = importlib.util.find_spec("horovod") is not None
-needs_horovod = pytest.mark.skipif(
-    not HOROVOD_INSTALLED,
-    reason="Horovod is not installed: `bash .ci/setup.sh` builds it (HVD_DCASGD_WITHOUT_HOROVOD=1 skipped it)",
-)
+HOROVOD_INSTALLED = horovod_installed()
+needs_horovod = pytest.mark.usefixtures("horovod_required")
 AGREEMENT = PROGRAMS / "horovod_agreement.py"
 PLAIN = ROOT / "examples" / "pytorch_digits_horovod.py"
 OURS = ROOT / "examples" / "pytorch_digits.py"
@@ -42,7 +38,9 @@ def launch(launcher: str, np: int, program, *args):
 
 
 def final_accuracy(output: str) -> float:
-    """The last test accuracy worker 0 printed, as a fraction."""
+    """The last test accuracy worker 0 printed, as a fraction.  The floors the
+    tests set on it are smoke tests: the examples train; numeric references
+    elsewhere judge the algorithm."""
     found = re.findall(r"Accuracy: ([0-9.]+)%", output)
     assert found, output[-3000:]
     return float(found[-1]) / 100
@@ -73,6 +71,7 @@ def test_workers_are_a_horovod_job_and_agree_with_horovod_under_mpirun(method):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 @needs_horovod
 def test_workers_are_a_horovod_job_under_horovodrun():
     result = horovodrun(3, AGREEMENT, "constant", "compare")
@@ -139,7 +138,8 @@ def test_plain_horovod_example_trains(launcher):
 @pytest.mark.parametrize("launcher", ["horovodrun", "mpirun"])
 def test_drop_in_example_trains_asynchronously(launcher):
     if launcher == "horovodrun" and not HOROVOD_INSTALLED:
-        pytest.skip("Horovod is not installed, so there is no horovodrun: `bash .ci/setup.sh` builds it")
+        unavailable("Horovod is not installed, so there is no horovodrun: `bash .ci/setup.sh` builds it",
+                    deliberate=os.environ.get("HVD_DCASGD_WITHOUT_HOROVOD") == "1")
     result = launch(launcher, 3, OURS, "--epochs", 6)
     assert result.returncode == 0, result.stdout[-4000:]
     assert final_accuracy(result.stdout) > 0.8

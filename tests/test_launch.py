@@ -239,3 +239,19 @@ def test_everything_after_the_script_goes_to_the_script():
     args = launch.parser().parse_args(["-n", "2", "train.py", "-n", "3", "--dry-run", "--", "x"])
     assert (args.workers, args.dry_run, args.script, args.script_args) == (2, False, "train.py",
                                                                            ["-n", "3", "--dry-run", "--", "x"])
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"PMI_RANK": "0", "MPI_LOCALRANKID": "0"}, "'4'"),   # MPICH's Hydra: the server
+    ({"PMI_RANK": "2", "MPI_LOCALRANKID": "2"}, "'6'"),   # a worker on the server's node
+    ({"PMI_RANK": "5", "MPI_LOCALRANKID": "1"}, "'5'"),   # a worker on another node
+    ({"PMIX_RANK": "3", "SLURM_LOCALID": "0"}, "'4'"),    # srun --mpi=pmix: a worker on another node
+])
+def test_the_rank_step_reads_mpich_and_slurm_rank_variables(tmp_path, env, expected):
+    program = tmp_path / "gpu.py"
+    program.write_text("import os; print('gpu', repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n")
+    blank = {name: "" for name in launch.WORLD_RANK_VARIABLES + launch.LOCAL_RANK_VARIABLES}
+    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launch.py"), "--rank-exec", "4,5,6", program],
+                 env={**blank, **env})
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.strip() == f"gpu {expected}"

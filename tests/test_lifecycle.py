@@ -48,10 +48,12 @@ def test_uneven_workers_finish_and_every_rank_holds_the_final_weights(tmp_path, 
     server = torch.load(tmp_path / "server.pt")
     for m in range(WORKERS):
         final = torch.load(tmp_path / f"worker{m}.pt")
-        for name in ("a", "b", "frozen", "running"):
+        for name in ("a", "b", "frozen", "running", "batches"):
             assert torch.equal(final[name], server[name]), (m, name)
     # floating-point buffers are averaged over the workers: worker m filled its buffer with m
     assert torch.allclose(server["running"], torch.full((4,), (WORKERS - 1) / 2))
+    # integer buffers are summed: worker m counted its 4 * (m + 1) batches
+    assert server["batches"].dtype == torch.int64 and server["batches"].item() == 4 * (1 + 2 + 3)
     if mode == "sync":  # rounds shrink as workers leave: 4 rounds of 3, 4 of 2, 4 of 1
         assert "server: 12 updates in" in result.stdout
 
@@ -107,6 +109,11 @@ def test_mpirun_np_1_trains_locally_with_a_warning(tmp_path):
         ("dtype", "worker 1's model does not match the server's: its parameter 'a' is [48] float64, "
                   "the server's 'a' is [48] float32"),
         ("mode", "the server runs compensation 'adaptive' but worker 0 asks for 'constant'"),
+        ("lambda", "worker 1's compensation settings {'mode': 'adaptive', 'lambda_0': 0.5,"),
+        ("compression", "worker 1 compresses gradients to float16, the server expects float32"),
+        ("groups", "worker 1's model does not match the server's: its optimizer's param groups hold [3] "
+                   "parameters, the server's hold [1, 1]"),
+        ("schedule", "the server runs the 'async' schedule but worker 1 asks for 'sync'"),
     ],
 )
 @pytest.mark.mpi
@@ -124,6 +131,15 @@ def test_nan_gradient_is_refused_and_aborts_the_job():
 
 
 @pytest.mark.mpi
+def test_a_gradient_beyond_the_wire_dtypes_range_is_refused_with_the_dtype_named():
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "fp16-overflow", "--compression", "fp16",
+                    timeout=60)
+    assert result.returncode != 0
+    assert ("worker 1: the gradient of 'b' holds finite values beyond float16's range (largest 65504) at push 3; "
+            "nothing was pushed") in result.stdout, result.stdout[-3000:]
+
+
+@pytest.mark.mpi
 def test_nan_gradient_caught_by_the_script_loses_nothing(tmp_path):
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "nan-skip", "--steps", STEPS, "--out", tmp_path)
     assert result.returncode == 0, result.stdout
@@ -135,14 +151,12 @@ def test_nan_gradient_caught_by_the_script_loses_nothing(tmp_path):
 BLOCK_MPI = "import sys; sys.modules['mpi4py'] = None; import hvd_dcasgd as hvd; hvd.init(); print('size', hvd.size())"
 
 
-@pytest.mark.mpi
 def test_missing_mpi_one_process_warns_and_trains_locally():
     result = run([sys.executable, "-c", BLOCK_MPI])
     assert result.returncode == 0, result.stdout
     assert "MPI is not available" in result.stdout and "size 1" in result.stdout
 
 
-@pytest.mark.mpi
 def test_missing_mpi_under_a_launcher_is_a_clear_error():
     result = run([sys.executable, "-c", BLOCK_MPI], env={"OMPI_COMM_WORLD_SIZE": "3"})
     assert result.returncode != 0
@@ -170,6 +184,7 @@ def test_horovod_helpers_work_among_the_workers(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_one_worker_is_sequential_sgd_in_every_mode(tmp_path):
     args = synthetic.parse_args(["--momentum", "0.9"])
     torch.manual_seed(1000)
@@ -189,6 +204,7 @@ def test_one_worker_is_sequential_sgd_in_every_mode(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.slow
 def test_mpi_imported_first_works_on_shared_memory_and_explains_itself_over_tcp():
     ok = mpirun(3, PROGRAMS / "mpi_first.py", timeout=60)
     assert ok.returncode == 0 and "worker 1 done" in ok.stdout, ok.stdout

@@ -14,7 +14,7 @@ from hvd_dcasgd.layout import ModelLayout
 from hvd_dcasgd.mpi import load_mpi
 from hvd_dcasgd.update import FUSED_SGD
 
-from test_server_step import OPTIMIZERS, WORKERS, Net, _groups, _push
+from test_server_step import OPTIMIZERS, WORKERS, Net, _push
 
 ORDER = [0, 1, 2, 1, 0, 0, 2, 1, 2, 0]
 
@@ -26,7 +26,7 @@ def _fresh_server(optimizer_name, comp, seed=0, wire=torch.float32):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p))
-    optimizer = OPTIMIZERS[optimizer_name](_groups(model))
+    optimizer = OPTIMIZERS[optimizer_name](model)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
     return open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire)
 
@@ -53,7 +53,7 @@ def _same(a, b, where="state"):
         assert a == b, f"{where}: {a!r} != {b!r}"
 
 
-@pytest.mark.parametrize("optimizer_name", ["sgd", "sgd-momentum-wd", "sgd-nesterov", "adam"])
+@pytest.mark.parametrize("optimizer_name", ["sgd", "sgd-momentum-wd", "sgd-per-group", "adam"])
 @pytest.mark.parametrize("mode,per_worker", [("none", False), ("constant", False), ("adaptive", False),
                                              ("adaptive", True)])
 def test_a_loaded_server_continues_bit_for_bit(optimizer_name, mode, per_worker, tmp_path):
@@ -152,3 +152,22 @@ def test_a_registered_compensation_runs_on_the_server(halved):
 def test_an_unknown_compensation_names_the_registered_ones(halved):
     with pytest.raises(ValueError, match="unknown compensation 'halfed'; choose one of none, constant, adaptive"):
         Compensation("halfed")
+
+
+def test_a_restore_the_server_cannot_apply_changes_nothing():
+    """What a worker's restore asks of the server (weights by index, buffers
+    by name, the optimizer's state) is all or nothing."""
+    server = _fresh_server("sgd-momentum-wd", Compensation("adaptive"))
+    _apply(server, range(4))
+    before = server.state_dict()
+    bad_momentum = copy.deepcopy(before["optimizer"])
+    bad_momentum["state"][0]["momentum_buffer"] = torch.zeros(7)
+    for attempt, message in [
+        (lambda: server.set_state({0: torch.zeros(5, 6), 9: torch.zeros(1)}, {}), "no such parameter"),
+        (lambda: server.set_state({0: torch.zeros(5, 6), 1: torch.zeros(4)}, {}), "'fc1.bias' is \\[4\\]"),
+        (lambda: server.load_optimizer_state(bad_momentum), "optimizer's state cannot be loaded"),
+    ]:
+        with pytest.raises(HvdDcasgdValueError, match=message):
+            attempt()
+        _same(server.state_dict(), before)
+    _apply(server, range(4, 6))  # and it goes on as before

@@ -24,23 +24,32 @@ class Net(torch.nn.Module):
         self.fc2 = torch.nn.Linear(5, 2)
 
 
-OPTIMIZERS = {
-    "sgd": lambda groups: torch.optim.SGD(groups, lr=0.1),
-    "sgd-momentum-wd": lambda groups: torch.optim.SGD(groups, lr=0.1, momentum=0.9, weight_decay=1e-2),
-    "sgd-nesterov": lambda groups: torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True),
-    "adam": lambda groups: torch.optim.Adam(groups, lr=0.01, weight_decay=1e-3),
-}
-
-
 def _groups(model):
     return [{"params": list(model.fc1.parameters())}, {"params": list(model.fc2.parameters()), "lr": 0.05}]
 
 
+def _weights_and_biases(model):
+    """The usual per-group settings: weight decay off for biases; Nesterov
+    with weight decay for the weights; dampening on the biases' momentum."""
+    return [{"params": [model.fc1.weight, model.fc2.weight], "weight_decay": 1e-2, "nesterov": True},
+            {"params": [model.fc1.bias, model.fc2.bias], "lr": 0.05, "momentum": 0.5, "dampening": 0.3}]
+
+
+OPTIMIZERS = {
+    "sgd": lambda model: torch.optim.SGD(_groups(model), lr=0.1),
+    "sgd-momentum-wd": lambda model: torch.optim.SGD(_groups(model), lr=0.1, momentum=0.9, weight_decay=1e-2),
+    "sgd-nesterov": lambda model: torch.optim.SGD(_groups(model), lr=0.1, momentum=0.9, nesterov=True),
+    "sgd-dampening": lambda model: torch.optim.SGD(_groups(model), lr=0.1, momentum=0.9, dampening=0.5),
+    "sgd-per-group": lambda model: torch.optim.SGD(_weights_and_biases(model), lr=0.1, momentum=0.9),
+    "adam": lambda model: torch.optim.Adam(_groups(model), lr=0.01, weight_decay=1e-3),
+}
+
+
 def _server(optimizer_name, mode, wire=torch.float32, per_worker=False, staged=False, path=None):
     model = Net()
-    optimizer = OPTIMIZERS[optimizer_name](_groups(model))
+    optimizer = OPTIMIZERS[optimizer_name](model)
     reference = copy.deepcopy(model)
-    reference_optimizer = OPTIMIZERS[optimizer_name](_groups(reference))
+    reference_optimizer = OPTIMIZERS[optimizer_name](reference)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
     comp = Compensation(mode, per_worker_mean_square=per_worker)
     server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire,
@@ -71,7 +80,7 @@ def test_async_updates_match_naive_reference(optimizer_name, mode, staged, path)
     if path is None:
         expected = FUSED_SGD if optimizer_name.startswith("sgd") and not staged else FUSED
         assert server.update.path == expected, server.update.why
-    params = list(reference.parameters())
+    params = [p for group in reference_optimizer.param_groups for p in group["params"]]  # the wire's order
     flat = lambda: torch.cat([p.detach().reshape(-1) for p in params])  # noqa: E731
     backups = [flat() for _ in range(WORKERS)]
     mean_square = torch.zeros_like(backups[0])
@@ -197,7 +206,7 @@ def test_frozen_parameters_in_the_optimizer_do_not_move():
     model = Net()
     model.fc2.bias.requires_grad_(False)
     frozen = model.fc2.bias.detach().clone()
-    optimizer = OPTIMIZERS["sgd-momentum-wd"](_groups(model))
+    optimizer = OPTIMIZERS["sgd-momentum-wd"](model)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
     server = open_server(load_mpi().COMM_SELF, optimizer, layout, Compensation("constant"), num_workers=1)
     assert server.update.path == FUSED, server.update.why
@@ -207,3 +216,63 @@ def test_frozen_parameters_in_the_optimizer_do_not_move():
         server.apply(0)
     assert torch.equal(model.fc2.bias.detach(), frozen)
     assert not torch.equal(model.fc2.weight.detach(), Net().fc2.weight.detach())
+
+
+class Flat(torch.nn.Module):
+    """One flat parameter, longer than the C kernel's threading threshold
+    (65536 elements), so its OpenMP-parallel variants run."""
+
+    def __init__(self, numel=200_003):
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(numel))
+
+
+@pytest.mark.parametrize("sgd", [dict(), dict(momentum=0.9), dict(momentum=0.9, dampening=0.5, weight_decay=1e-2),
+                                 dict(momentum=0.9, nesterov=True, weight_decay=1e-2)],
+                         ids=["plain", "momentum", "momentum-dampening-wd", "nesterov-wd"])
+@pytest.mark.parametrize("mode", ["constant", "adaptive"])
+def test_threaded_kernel_matches_torch(sgd, mode):
+    assert torch.get_num_threads() > 1, "the kernel's threads are what this test is about"
+    model, reference = Flat(), Flat()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, **sgd)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, **sgd)
+    layout = ModelLayout.of(optimizer, model.named_parameters(), model)
+    server = open_server(load_mpi().COMM_SELF, optimizer, layout, Compensation(mode), num_workers=2)
+    assert server.update.path == FUSED_SGD
+    backups = [reference.w.detach().clone() for _ in range(2)]
+    mean_square = torch.zeros_like(backups[0])
+    for i, worker in enumerate([0, 1, 1, 0, 1]):
+        g = _push(server, worker, seed=i, lrs=[0.1])
+        server.apply(worker)
+        w = reference.w.detach()
+        if mode == "constant":
+            g = g + 0.04 * g * g * (w - backups[worker])
+        else:
+            mean_square = 0.95 * mean_square + 0.05 * g * g
+            g = g + 2.0 / torch.sqrt(mean_square + 1e-7) * g * g * (w - backups[worker])
+        reference.w.grad = g
+        reference_optimizer.step()
+        backups[worker] = reference.w.detach().clone()
+        assert torch.allclose(server.weights, reference.w.detach(), rtol=1e-5, atol=1e-6), f"update {i}"
+
+
+@pytest.mark.parametrize("wire", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["none", "constant", "adaptive"])
+def test_compressed_gradients_stay_within_rounding_of_the_float32_run(wire, mode):
+    """The stated bound: rounding each gradient to the wire dtype moves it by
+    at most eps/2 of itself, and momentum mu adds such errors up with gain at
+    most 1/(1 - mu), so the weights differ from the float32 run's by at most
+    eps/2 * sum_t lr_t * max|g_t| / (1 - mu)."""
+    runs = {}
+    for dtype in (torch.float32, wire):
+        server, *_ = _server("sgd-momentum-wd", mode, wire=dtype)
+        budget = 0.0
+        for i in range(60):
+            g = _push(server, i % WORKERS, seed=i, lrs=[0.1, 0.05])
+            budget += 0.1 * g.abs().max().item()
+            server.apply(i % WORKERS)
+        runs[dtype] = server.weights.clone()
+    bound = torch.finfo(wire).eps / 2 * budget / (1 - 0.9)
+    difference = (runs[wire] - runs[torch.float32]).abs().max().item()
+    assert 0 < difference <= bound, (difference, bound)

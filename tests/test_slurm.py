@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, unavailable
 from hvd_dcasgd.process import run_command
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
@@ -40,14 +40,14 @@ def _command(cmd, env, timeout):
 def slurm_env(tmp_path_factory):
     """The environment of a command that talks to a freshly started local cluster."""
     if os.geteuid() != 0:
-        pytest.skip("starting a local SLURM cluster needs root")
+        unavailable("starting a local SLURM cluster needs root")
     env = {**os.environ, "HVD_DCASGD_SLURM_DIR": str(tmp_path_factory.mktemp("slurm"))}
     stop = ["bash", str(CLUSTER), "stop"]
     started = _command(["bash", str(CLUSTER), "start"], env, timeout=240)
     if started is None or started.returncode != 0:
         _command(stop, env, timeout=60)
         reason = "timed out after 240 s" if started is None else started.stdout.strip()
-        pytest.skip(f"no local SLURM cluster could be started: {reason}")
+        unavailable(f"no local SLURM cluster could be started: {reason}")
     env["SLURM_CONF"] = os.path.join(env["HVD_DCASGD_SLURM_DIR"], "slurm.conf")
     yield env
     _command(stop, env, timeout=60)

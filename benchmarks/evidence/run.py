@@ -84,21 +84,20 @@ def simulate_run(spec: Dict, work: Path) -> Dict:
 def mpi_run(spec: Dict, work: Path) -> Dict:
     """One real run, ``mpirun -np workers+1 train_mpi.py``, with its trace's staleness."""
     name = key_of(spec).replace("/", "-")
-    out, trace = work / f"{name}.json", work / f"{name}.jsonl"
-    for stale in (out, trace):  # left by an earlier, killed attempt
+    out, trace, summary = work / f"{name}.json", work / f"{name}.jsonl", work / f"{name}.summary.json"
+    for stale in (out, trace, summary):  # left by an earlier, killed attempt
         stale.unlink(missing_ok=True)
     cmd = mpirun(spec["workers"] + 1, HERE / "train_mpi.py", "--task", spec["task"],
                  "--compensation", "none" if spec["method"] == "sgd" else spec["method"], "--epochs", spec["epochs"],
                  "--seed", spec["seed"], "--straggler", spec["straggler"], "--cache", work / "data",
                  "--trace", trace, "--out", out)
     started = time.perf_counter()
-    result = run_command(cmd, timeout=MPI_TIMEOUT, env=child_env())
+    result = run_command(cmd, timeout=MPI_TIMEOUT, env={**child_env(), "HVD_DCASGD_SUMMARY": str(summary)})
     record = {**spec, "command": shlex.join(map(str, cmd)), "launch_seconds": time.perf_counter() - started}
     if result.returncode != 0 or not out.exists():
         return {**record, "failed": last_lines(result, MPI_TIMEOUT)}
     record = {**json.loads(out.read_text()), **record}  # the program calls sequential SGD "none"
-    rate = re.search(r"\(([\d.]+) updates/s\)", result.stdout)
-    record["server_updates_per_s"] = float(rate.group(1)) if rate else None
+    record["server_updates_per_s"] = json.loads(summary.read_text())["updates_per_s"] if summary.exists() else None
     if trace.exists() and trace.stat().st_size:
         record["trace"] = str(trace)
         counts: Dict[int, int] = {}

@@ -26,6 +26,7 @@ class Model(torch.nn.Module):
         self.b = torch.nn.Parameter(torch.randn(dim_b))
         self.frozen = torch.nn.Parameter(torch.randn(3), requires_grad=False)
         self.register_buffer("running", torch.zeros(4))
+        self.register_buffer("batches", torch.zeros((), dtype=torch.int64))  # an integer counter
 
 
 def batch(worker: int, step: int):
@@ -79,7 +80,8 @@ def parse_args(argv=None):
     parser.add_argument("--no-model", action="store_true", help="no model= (buffers via broadcast_parameters)")
     parser.add_argument("--after-shutdown", action="store_true", help="try to step after shutdown")
     parser.add_argument("--out", default=None, help="folder for final weights and a start report")
-    parser.add_argument("--bad", default=None, choices=["shape", "name", "dtype", "mode", "nan", "nan-skip"])
+    parser.add_argument("--bad", default=None, choices=["shape", "name", "dtype", "mode", "lambda", "compression",
+                                                        "groups", "schedule", "nan", "nan-skip", "fp16-overflow"])
     return parser.parse_args(argv)
 
 
@@ -95,12 +97,17 @@ def main():
     named = [("z" if n == "b" and args.bad == "name" and odd else n, p) for n, p in model.named_parameters()]
     if hvd.is_server() and args.out:  # the server exits inside DistributedOptimizer
         atexit.register(lambda: torch.save(model.state_dict(), os.path.join(args.out, "server.pt")))
+    base = make_optimizer(model, args)
+    if args.bad == "groups" and odd:
+        base = torch.optim.SGD(model.parameters(), lr=args.lr)
     optimizer = hvd.DistributedOptimizer(
-        make_optimizer(model, args),
+        base,
         named_parameters=named,
-        compression=getattr(hvd.Compression, args.compression),
+        compression=getattr(hvd.Compression, "fp16" if args.bad == "compression" and odd else args.compression),
         backward_passes_per_step=2 if args.accumulate else 1,
         compensation="constant" if args.bad == "mode" and world_rank == 1 else args.compensation,
+        lambda_0=0.5 if args.bad == "lambda" and odd else None,
+        schedule="sync" if args.bad == "schedule" and odd else None,
         model=None if args.no_model else model,
     )
     start = {"rank": hvd.rank(), "a": model.a.detach().tolist()[:4], "frozen": model.frozen.tolist()}
@@ -119,6 +126,8 @@ def main():
         backward_passes(model, hvd.rank(), k, args)
         if args.bad in ("nan", "nan-skip") and hvd.rank() == 1 and k == 3:
             model.b.grad[0] = float("nan")
+        if args.bad == "fp16-overflow" and hvd.rank() == 1 and k == 3:
+            model.b.grad[0] = 1e5  # finite, beyond float16's largest value (65504)
         try:
             if args.clip:
                 optimizer.synchronize()
@@ -133,6 +142,7 @@ def main():
             skipped += 1
         if scheduler is not None:
             scheduler.step()
+        model.batches += 1
     hvd.shutdown()
     if args.after_shutdown:
         try:

@@ -102,10 +102,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).state_dict()
 
     def load_state_dict(self, state_dict) -> None:
-        """Load here and, while training, on the server."""
-        super(self.__class__, self).load_state_dict(state_dict)
+        """Load on the server while training (its optimizer is the one that
+        steps), then here.  A state the server cannot take raises here and
+        changes nothing, on either side."""
         if self._session is not None and not self._session.finished:
             self._session.requests.ask({"kind": "load_optimizer_state", "state": to_cpu(state_dict)})
+        super(self.__class__, self).load_state_dict(state_dict)
 
 
 def _server_device(requested: Optional[str]) -> torch.device:

@@ -181,6 +181,9 @@ def test_horovod_helpers_work_among_the_workers(tmp_path):
         assert r["weight_after_broadcast"] == pytest.approx(7.0 * 6)
         assert r["final_weight"] == pytest.approx(7.0 * 6), "the restore reached the server"
         assert r["final_momentum"] == 0.5 and r["final_state_entries"] == 2
+    assert rows[0]["broken_restore"].startswith("hvd_dcasgd: the server could not load_optimizer_state: "
+                                                "hvd_dcasgd: the optimizer's state cannot be loaded"), rows[0]
+    assert rows[0]["state_after_broken_restore"], "the server's optimizer state is as it was"
 
 
 @pytest.mark.mpi

@@ -30,6 +30,15 @@ optimizer.step()
 # worker 1 "restores a checkpoint": weights of its own and momentum 0.5
 state = optimizer.state_dict()  # the server's state: it is the optimizer that steps
 result["server_state_entries"] = len(state["state"])
+if rank == 0:  # a checkpoint the server cannot apply: an error here, and nothing changes
+    broken = {**state, "state": {k: {**v, "momentum_buffer": torch.zeros(7)} for k, v in state["state"].items()}}
+    try:
+        optimizer.load_state_dict(broken)
+        result["broken_restore"] = "accepted"
+    except hvd.HvdDcasgdError as error:
+        result["broken_restore"] = str(error)
+    result["state_after_broken_restore"] = optimizer.state_dict()["state"][0]["momentum_buffer"].tolist() == \
+        state["state"][0]["momentum_buffer"].tolist()
 if rank == 1:
     with torch.no_grad():
         model.weight.fill_(7.0)

@@ -85,6 +85,7 @@ def main():
         lambda_0=args.lambda_0,
         model=model,
         trace=args.trace,
+        lr_scaling="none",  # --lr is the rate for every gradient, as sequential SGD's (the paper's setting)
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 

@@ -68,6 +68,9 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_SCHEDULE", "async or sync; overrides DistributedOptimizer(schedule=...)", _choice("async", "sync")),
     Variable("HVD_DCASGD_BACKEND", "server (the parameter server) or horovod (Horovod's own allreduce); overrides "
              "DistributedOptimizer(backend=...)", _choice("server", "horovod")),
+    Variable("HVD_DCASGD_LR_SCALING", "horovod (a worker's rate is for the average of size() gradients: applied "
+             "at lr / size() per asynchronous gradient) or none (as given); overrides "
+             "DistributedOptimizer(lr_scaling=...)", _choice("horovod", "none")),
     Variable("HVD_DCASGD_LAMBDA", "lambda_0; overrides DistributedOptimizer(lambda_0=...)", _non_negative_number),
     Variable("HVD_DCASGD_TRACE", "a path: the server writes one JSON line per applied gradient"),
     Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),

@@ -173,6 +173,7 @@ def DistributedOptimizer(
     check_finite: bool = True,
     schedule: Optional[str] = None,
     backend: Optional[str] = None,
+    lr_scaling: str = "horovod",
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for asynchronous training with delay compensation.
 
@@ -215,6 +216,13 @@ def DistributedOptimizer(
         backend: ``"server"`` (default: the parameter server) or ``"horovod"``
             (Horovod's own ``DistributedOptimizer`` among the workers, the
             server rank idle).  ``HVD_DCASGD_BACKEND`` overrides it.
+        lr_scaling: ``"horovod"`` (default): the optimizer's learning rate
+            means what it means under Horovod, the rate for the average of
+            ``size()`` gradients (scripts scale it by ``hvd.size()``), so each
+            asynchronous gradient is applied at ``lr / size()``; the ``sync``
+            schedule applies it as given.  ``"none"``: every gradient at the
+            rate as given (scripts written for asynchronous SGD, the paper's
+            setting).  ``HVD_DCASGD_LR_SCALING`` overrides it.
     """
     rt = runtime()
     if rt.session is not None:
@@ -238,6 +246,7 @@ def DistributedOptimizer(
     settings = Compensation(
         mode=compensation,
         schedule=schedule,
+        lr_scaling=setting("HVD_DCASGD_LR_SCALING") or lr_scaling,
         lambda_0=lambda_0 if lambda_env is None else lambda_env,
         mean_square_momentum=mean_square_momentum,
         eps=eps,

@@ -191,6 +191,7 @@ class ServerUpdate:
         self.staged = staged
         self.requested_path = path
         self.state = CompensationState(compensation, weights, num_workers)
+        self.lr_factor = compensation.lr_factor(num_workers)
         self.group_ranges = layout.group_ranges()
         self.choose_path()
 
@@ -212,8 +213,11 @@ class ServerUpdate:
         if self.path != FUSED_SGD or gradient.dtype != self.weights.dtype:
             gradient = self.grad if gradient is self.grad else self.grad.copy_(gradient)
         update_(self.weights, gradient, backup, self.state.of(worker), compensation=self.compensation,
-                optimizer=self.optimizer, lrs=lrs, group_ranges=self.group_ranges, path=self.path,
-                momentum=self.momentum)
+                optimizer=self.optimizer, lrs=[lr * self.lr_factor for lr in lrs], group_ranges=self.group_ranges,
+                path=self.path, momentum=self.momentum)
+        if self.lr_factor != 1.0:  # the optimizer's state shows the rate the workers set, as a checkpoint must
+            for group, lr in zip(self.optimizer.param_groups, lrs):
+                group["lr"] = lr
 
     def load_optimizer_state(self, state: Dict) -> None:
         """Load the optimizer's state (a restore), then choose the path again.

@@ -276,3 +276,29 @@ def test_compressed_gradients_stay_within_rounding_of_the_float32_run(wire, mode
     bound = torch.finfo(wire).eps / 2 * budget / (1 - 0.9)
     difference = (runs[wire] - runs[torch.float32]).abs().max().item()
     assert 0 < difference <= bound, (difference, bound)
+
+
+@pytest.mark.parametrize("schedule", ["async", "sync"])
+def test_horovod_lr_scaling_applies_each_asynchronous_gradient_at_lr_over_size(schedule):
+    """Horovod's convention: the rate is for the average of size() gradients.
+    Asynchronously each gradient alone moves the weights lr / size(); a sync
+    round applies the average at lr; the optimizer keeps showing lr."""
+    model = Net()
+    optimizer = torch.optim.SGD(_groups(model), lr=0.3)
+    layout = ModelLayout.of(optimizer, model.named_parameters(), model)
+    comp = Compensation("none", schedule=schedule, lr_scaling="horovod")
+    server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS)
+    before = server.weights.clone()
+    gradients = [_push(server, m, seed=m, lrs=[0.3, 0.6]) for m in range(WORKERS)]
+    n1 = sum(p.numel() for p in model.fc1.parameters())
+    if schedule == "async":
+        server.apply(0)
+        step = gradients[0]
+        rates = [0.3 / WORKERS, 0.6 / WORKERS]
+    else:
+        server.apply_round(list(range(WORKERS)))
+        step = torch.stack(gradients).mean(0)
+        rates = [0.3, 0.6]
+    expected = torch.cat([before[:n1] - rates[0] * step[:n1], before[n1:] - rates[1] * step[n1:]])
+    assert torch.allclose(server.weights, expected, atol=1e-6)
+    assert [g["lr"] for g in optimizer.param_groups] == [0.3, 0.6], "the state shows the rates the workers set"

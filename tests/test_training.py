@@ -83,6 +83,8 @@ def _replay(records, args):
                 g = g + lambda_0 / torch.sqrt(mean_square + 1e-7) * g * g * (w - w_bak)
             p.grad = g
         factor = synthetic.lr_factor(k) if args.schedule else 1.0
+        if args.lr_scaling == "horovod":  # Horovod's rate is for the average of all workers' gradients
+            factor /= WORKERS
         optimizer.param_groups[0]["lr"] = args.lr * factor
         optimizer.param_groups[1]["lr"] = args.lr * 0.5 * factor
         optimizer.step()
@@ -96,13 +98,14 @@ def _replay(records, args):
         ("none", []),
         ("constant", ["--momentum", "0.9", "--weight-decay", "0.01", "--schedule"]),
         ("adaptive", []),
+        ("adaptive", ["--lr-scaling", "horovod", "--momentum", "0.9", "--nesterov"]),
         ("adaptive", ["--optimizer", "adam", "--uneven"]),
         # compressed gradients magnify a last-bit difference in the weights into a
         # different rounding, so these runs use arithmetic the replay repeats bit for bit
         ("constant", ["--compression", "fp16", "--accumulate", "--optimizer", "adam"]),
         ("none", ["--compression", "bf16", "--clip", "--restore", "--optimizer", "adam"]),
     ],
-    ids=["asgd", "constant-momentum-wd-schedule", "adaptive-fused", "adaptive-adam-uneven",
+    ids=["asgd", "constant-momentum-wd-schedule", "adaptive-fused", "adaptive-horovod-lr-nesterov", "adaptive-adam-uneven",
          "constant-adam-fp16-accumulate", "asgd-adam-bf16-clip-restore"],
 )
 def test_equivalence_with_single_process_replay(tmp_path, mode, extra):

@@ -52,7 +52,7 @@ def main() -> None:
     optimizer = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), compensation=args.compensation,
         lambda_0=args.lambda_0 if args.lambda_0 is not None else task.lambda_0(args.compensation),
-        model=model, trace=args.trace,
+        model=model, trace=args.trace, lr_scaling="none",  # the paper's setting: the sequential rate per gradient
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 

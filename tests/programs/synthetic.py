@@ -74,6 +74,7 @@ def parse_args(argv=None):
     parser.add_argument("--compensation", default="adaptive")
     parser.add_argument("--schedule", action="store_true", help="StepLR on the workers")
     parser.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
+    parser.add_argument("--lr-scaling", default="none", choices=["none", "horovod"])
     parser.add_argument("--accumulate", action="store_true", help="backward_passes_per_step=2")
     parser.add_argument("--clip", action="store_true", help="Horovod's synchronize/clip/skip_synchronize idiom")
     parser.add_argument("--restore", action="store_true", help="worker 0 loads weights after wrapping, broadcasts")
@@ -108,6 +109,7 @@ def main():
         compensation="constant" if args.bad == "mode" and world_rank == 1 else args.compensation,
         lambda_0=0.5 if args.bad == "lambda" and odd else None,
         schedule="sync" if args.bad == "schedule" and odd else None,
+        lr_scaling=args.lr_scaling,
         model=None if args.no_model else model,
     )
     start = {"rank": hvd.rank(), "a": model.a.detach().tolist()[:4], "frozen": model.frozen.tolist()}

@@ -37,6 +37,11 @@ _EXPORTS: Dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
+# MPI's thread level is fixed when mpi4py.MPI loads: choose it now, before a
+# script's own `from mpi4py import MPI` can (standard library and mpi4py's
+# top-level package only: no MPI, no torch).
+import_module(".mpi", __name__).choose_thread_level()
+
 
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:

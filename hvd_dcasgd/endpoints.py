@@ -25,11 +25,19 @@ from .worker import Worker
 
 __all__ = ["open_server", "open_windows", "open_worker"]
 
-THREAD_MULTIPLE_HINT = (
-    " MPI runs at thread level MULTIPLE, which Open MPI's one-sided component over TCP (osc/pt2pt) "
-    "refuses: set HVD_DCASGD_HOROVOD=0 (MPI then starts at 'serialized'; a script that imports mpi4py.MPI "
-    "itself must import hvd_dcasgd first), or launch with hvd-dcasgd-run, which does so under osc/pt2pt."
-)
+def _thread_level_hint() -> str:
+    """Why MPI runs at thread level MULTIPLE, which Open MPI's one-sided
+    component over TCP (osc/pt2pt) refuses, and what changes it."""
+    from .mpi import MPI_LOADED_FIRST
+
+    if MPI_LOADED_FIRST:
+        return (" MPI runs at thread level MULTIPLE, which Open MPI's one-sided component over TCP (osc/pt2pt) "
+                "refuses: the script imported mpi4py.MPI before hvd_dcasgd, at mpi4py's default level; import "
+                "hvd_dcasgd first (it chooses the level), or set mpi4py.rc.thread_level = 'serialized' before "
+                "importing mpi4py.MPI.")
+    return (" MPI runs at thread level MULTIPLE (HVD_DCASGD_THREAD_LEVEL, or Horovod's need of it), which Open "
+            "MPI's one-sided component over TCP (osc/pt2pt) refuses: set HVD_DCASGD_HOROVOD=0 and leave "
+            "HVD_DCASGD_THREAD_LEVEL unset, or launch with hvd-dcasgd-run, which does so under osc/pt2pt.")
 
 
 def open_windows(comm: Any, layout: ModelLayout, wire_dtype: torch.dtype, num_workers: int,
@@ -43,7 +51,7 @@ def open_windows(comm: Any, layout: ModelLayout, wire_dtype: torch.dtype, num_wo
         mailboxes = Mailboxes(mpi, comm, num_workers, PushMessage.size(layout, wire_dtype),
                               layout.numel * layout.dtype.itemsize, owner=owner)
     except mpi.Exception as exc:
-        hint = THREAD_MULTIPLE_HINT if mpi.Query_thread() == mpi.THREAD_MULTIPLE else ""
+        hint = _thread_level_hint() if mpi.Query_thread() == mpi.THREAD_MULTIPLE else ""
         raise HvdDcasgdError(
             f"hvd_dcasgd: MPI could not create the parameter server's windows ({exc.Get_error_string()}).{hint}",
             collective=True,

@@ -5,8 +5,10 @@ one-sided calls, so when the workers run as a Horovod job MPI must start at
 ``MPI_THREAD_MULTIPLE`` (mpi4py's default).  Without Horovod we initialise MPI
 as ``serialized``: Open MPI's one-sided component over TCP (osc/pt2pt) refuses
 ``MULTIPLE``, and every MPI call of this package comes from one thread.
-``HVD_DCASGD_THREAD_LEVEL`` overrides the choice; a user who imported
-``mpi4py.MPI`` first keeps the level they chose.
+``HVD_DCASGD_THREAD_LEVEL`` overrides the choice.  The level is set when the
+package is imported, so the script may import ``mpi4py.MPI`` itself after
+``hvd_dcasgd``; a script that imported ``mpi4py.MPI`` first keeps the level
+it chose.
 """
 
 from __future__ import annotations
@@ -28,15 +30,33 @@ class MpiUnavailable(HvdDcasgdError):
     """mpi4py or the MPI library it needs is missing: one process can still train locally."""
 
 
+#: Whether ``mpi4py.MPI`` was loaded before this package was imported (then
+#: its thread level is the script's choice, not ours).
+MPI_LOADED_FIRST = "mpi4py.MPI" in sys.modules
+
+
+def choose_thread_level() -> None:
+    """Set mpi4py's thread level for this job, unless MPI is loaded already.
+    Run when the package is imported, so that a script that imports
+    ``mpi4py.MPI`` after ``hvd_dcasgd`` (to reach ``MPI.COMM_WORLD``) gets a
+    level every path can use; mpi4py without MPI is left to :func:`load_mpi`."""
+    if "mpi4py.MPI" in sys.modules:
+        return
+    try:
+        import mpi4py
+    except ImportError:
+        return
+    mpi4py.rc.thread_level = setting("HVD_DCASGD_THREAD_LEVEL") or ("multiple" if horovod_wanted() else "serialized")
+
+
 def load_mpi() -> ModuleType:
     """Return ``mpi4py.MPI``, or raise a sentence that says what is missing."""
     if "mpi4py.MPI" not in sys.modules:
         try:
-            import mpi4py
+            import mpi4py  # noqa: F401
         except ImportError as exc:
             raise MpiUnavailable(f"hvd_dcasgd needs mpi4py, which is not installed: {INSTALL_HINT}.") from exc
-        default = "multiple" if horovod_wanted() else "serialized"
-        mpi4py.rc.thread_level = setting("HVD_DCASGD_THREAD_LEVEL") or default
+        choose_thread_level()
     try:
         from mpi4py import MPI
     except (ImportError, RuntimeError) as exc:

@@ -17,14 +17,27 @@ from typing import Any, Dict
 
 __version__ = "0.1.0"
 
-#: Public name -> the submodule that defines it.
+#: Public name -> the submodule that defines it: every public name of
+#: ``horovod.torch`` 0.28.1, and this package's own.
 _EXPORTS: Dict[str, str] = {
     **dict.fromkeys(
-        ["Adasum", "Average", "Max", "Min", "Sum", "allgather", "allreduce", "allreduce_", "broadcast",
-         "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters", "join"],
-        "collectives",
+        ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_async", "allreduce",
+         "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast",
+         "broadcast_", "broadcast_async", "broadcast_async_", "grouped_allgather", "grouped_allgather_async",
+         "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
+         "grouped_reducescatter", "grouped_reducescatter_async", "poll", "reducescatter", "reducescatter_async",
+         "sparse_allreduce_async", "synchronize"],
+        "mpi_ops",
     ),
-    **dict.fromkeys(["COMPENSATIONS", "MODES", "SCHEDULES", "Compensation", "CompensationRule",
+    **dict.fromkeys(["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
+                     "join"], "collectives"),
+    **dict.fromkeys(["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"], "process_sets"),
+    **dict.fromkeys(["HorovodInternalError", "ccl_built", "check_extension", "cross_rank", "cross_size",
+                     "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "is_homogeneous", "mpi_built",
+                     "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built", "start_timeline",
+                     "stop_timeline"], "basics"),
+    "SyncBatchNorm": "sync_batch_norm",
+    **dict.fromkeys(["COMPENSATIONS", "LR_SCALINGS", "MODES", "SCHEDULES", "Compensation", "CompensationRule",
                      "dcasgd_", "register_compensation"], "compensation"),
     "Compression": "compression",
     **dict.fromkeys(["HvdDcasgdError", "HvdDcasgdValueError", "HvdDcasgdWarning"], "errors"),
@@ -35,7 +48,11 @@ _EXPORTS: Dict[str, str] = {
     "update_": "update",
 }
 
-__all__ = sorted(_EXPORTS)
+#: Horovod's submodules by the names scripts reach them with, and ours.
+_SUBMODULES = {"functions": "collectives", "mpi_ops": "mpi_ops", "sync_batch_norm": "sync_batch_norm",
+               "compression": "compression", "optimizer": "optimizer", "elastic": "elastic"}
+
+__all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 # MPI's thread level is fixed when mpi4py.MPI loads: choose it now, before a
 # script's own `from mpi4py import MPI` can (standard library and mpi4py's
@@ -46,9 +63,17 @@ import_module(".mpi", __name__).choose_thread_level()
 def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'hvd_dcasgd' has no attribute {name!r}")
+    elif name in _SUBMODULES:
+        value = import_module(f".{_SUBMODULES[name]}", __name__)
+    elif name == "mpi_lib_v2":
+        from .errors import HvdDcasgdError
+
+        raise HvdDcasgdError("hvd_dcasgd: mpi_lib_v2 is Horovod's compiled extension; this package has none: "
+                             "its calls are hvd_dcasgd's own functions of the same names")
+    else:
+        raise AttributeError(f"module 'hvd_dcasgd' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
 def __dir__():

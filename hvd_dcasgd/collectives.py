@@ -1,75 +1,25 @@
-"""Horovod's collective helpers, among the workers (the server takes no part).
+"""Horovod's helper functions, among the workers (the server takes no part).
 
-``allreduce`` averages metrics over the workers; ``broadcast_parameters`` and
-``broadcast_optimizer_state`` copy worker ``root_rank``'s values to the other
-workers.  Every worker starts from the server's weights anyway; called after
-``DistributedOptimizer`` the broadcasts also reach the server, so that
-Horovod's checkpoint-restore idiom works.  On the server and when training
-locally they do nothing.  They run over MPI with or without Horovod and give
-the same answers as Horovod's own calls among the workers; ``join`` is
-Horovod's own when Horovod is running.
+``broadcast_parameters`` and ``broadcast_optimizer_state`` copy worker
+``root_rank``'s values to the other workers.  Every worker starts from the
+server's weights anyway; called after ``DistributedOptimizer`` the broadcasts
+also reach the server, so that Horovod's checkpoint-restore idiom works.
+``broadcast_object``/``allgather_object`` carry any picklable object; ``join``
+is Horovod's own when Horovod is running.  On the server and when training
+locally they do nothing (or answer as one worker would).  The tensor
+collectives are in :mod:`.mpi_ops`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
 from .errors import HvdDcasgdError
-from .tensors import broadcast_, byte_view
+from .process_sets import ProcessSet, communicator, global_process_set
 from .runtime import WORKER, runtime
-
-#: Reduction operations, by Horovod's names.
-Average, Sum, Min, Max, Adasum = "average", "sum", "min", "max", "adasum"
-
-
-def _worker_comm():
-    rt = runtime()
-    return rt.workers if rt.role == WORKER else None
-
-
-def allreduce(
-    tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None, op: str = Average
-) -> torch.Tensor:
-    """A new tensor: ``tensor`` summed or averaged over the workers."""
-    if average is not None:
-        op = Average if average else Sum
-    if op not in (Average, Sum, Min, Max):
-        raise HvdDcasgdError(f"hvd_dcasgd: allreduce supports Average, Sum, Min and Max, not {op!r}")
-    result = tensor.detach().to("cpu", copy=True).contiguous()
-    comm = _worker_comm()
-    if comm is not None:
-        mpi = runtime().mpi
-        reduction = {Average: mpi.SUM, Sum: mpi.SUM, Min: mpi.MIN, Max: mpi.MAX}[op]
-        comm.Allreduce(mpi.IN_PLACE, result.numpy(), op=reduction)
-        if op == Average:
-            result = result / comm.Get_size() if result.is_floating_point() else result // comm.Get_size()
-    return result.to(tensor.device)
-
-
-def allgather(tensor: torch.Tensor, name: Optional[str] = None) -> torch.Tensor:
-    """Every worker's ``tensor`` concatenated along the first dimension."""
-    comm = _worker_comm()
-    if comm is None:
-        return tensor.clone()
-    parts = comm.allgather(tensor.detach().cpu())
-    return torch.cat([p.reshape(-1, *tensor.shape[1:]) for p in parts]).to(tensor.device)
-
-
-def broadcast(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None) -> torch.Tensor:
-    """A new tensor holding worker ``root_rank``'s ``tensor``."""
-    result = tensor.detach().to("cpu", copy=True).contiguous()
-    comm = _worker_comm()
-    if comm is not None:
-        comm.Bcast(byte_view(result), root=root_rank)
-    return result.to(tensor.device)
-
-
-def allreduce_(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None, op: str = Average) -> torch.Tensor:
-    """In-place :func:`allreduce`."""
-    return tensor.copy_(allreduce(tensor, average, name, op))
-
+from .tensors import broadcast_
 
 def broadcast_parameters(
     params: Union[Dict[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]], root_rank: int = 0
@@ -81,7 +31,7 @@ def broadcast_parameters(
     broadcast -- and tensors of the state dict that the optimizer does not
     train (BatchNorm statistics) are combined over the workers at the end.
     """
-    comm = _worker_comm()
+    comm = communicator(global_process_set)
     if comm is None:
         return
     items = sorted(params.items()) if isinstance(params, dict) else list(params)
@@ -109,10 +59,17 @@ def join(device: int = -1) -> int:
     return rt.workers.allreduce(last, op=rt.mpi.MAX)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
+                     process_set: ProcessSet = global_process_set) -> Any:
     """Worker ``root_rank``'s ``obj`` (pickled), on every worker."""
-    comm = _worker_comm()
+    comm = communicator(process_set)
     return obj if comm is None else comm.bcast(obj, root=root_rank)
+
+
+def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessSet = global_process_set) -> List[Any]:
+    """Every worker's ``obj`` (pickled), in rank order, on every worker."""
+    comm = communicator(process_set)
+    return [obj] if comm is None else comm.allgather(obj)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
@@ -122,7 +79,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     the one that steps): a ``DistributedOptimizer`` forwards ``load_state_dict``
     to the server and answers ``state_dict()`` from it, so here the workers
     only wait for each other."""
-    comm = _worker_comm()
+    comm = communicator(global_process_set)
     if comm is None:
         return
     if runtime().session is not None and getattr(optimizer, "_session", None) is not None:

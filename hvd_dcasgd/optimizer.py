@@ -18,13 +18,13 @@ from typing import Iterable, Iterator, Optional, Tuple, Type
 
 import torch
 
-from .collectives import Adasum, Average, Sum
 from .compensation import COMPENSATIONS, MODES, SCHEDULES, Compensation
 from .compression import Compression, Compressor
 from .config import setting
 from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .horovod import require_horovod
 from .layout import ModelLayout
+from .mpi_ops import Adasum, Average, Sum
 from .runtime import LOCAL, SERVER, WORKER, Runtime, runtime
 from .session import HorovodSession, idle_server, run_server, start_worker
 from .tensors import to_cpu
@@ -69,6 +69,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         whatever ``p.grad`` holds when ``step()`` runs is what the server gets.
         """
         self._passes.clear()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients and start a new accumulation window (a step a
+        GradScaler skipped after an overflow leaves none open)."""
+        self._passes.clear()
+        super(self.__class__, self).zero_grad(set_to_none)
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:

@@ -62,6 +62,7 @@ class Runtime:
     horovod: Any = None  # horovod.torch, running among the workers, if installed
     horovod_off: Optional[str] = None  # why Horovod is not running, where it is not
     join_counter: Any = None  # arrivals at join() when Horovod is not running
+    cross: Any = None  # the workers with this worker's local rank, one per node (Horovod's cross_rank/size)
 
 
 _runtime: Optional[Runtime] = None
@@ -83,15 +84,32 @@ def _warn_local(reason: str) -> None:
     )
 
 
-def init(comm: Any = None) -> None:
+def init(comm: Any = None, process_sets: Optional[List[Any]] = None) -> None:
     """Start the runtime: decide this process's role and build communicators.
 
-    ``comm`` (an mpi4py communicator) replaces ``MPI.COMM_WORLD``, as in
-    Horovod.  Calling ``init`` twice is harmless.
+    Arguments:
+        comm: an mpi4py communicator that replaces ``MPI.COMM_WORLD``, as in
+            Horovod (a list of world ranks is not supported: pass a communicator).
+        process_sets: :class:`ProcessSet` s of workers to register, as
+            Horovod's ``init(process_sets=...)``.
+
+    Calling ``init`` twice is harmless.
     """
     global _runtime
     if _runtime is not None:
         return
+    _start(comm)
+    if process_sets:
+        from .process_sets import add_process_set
+
+        for process_set in process_sets:
+            add_process_set(process_set)
+
+
+def _start(comm: Any) -> None:
+    global _runtime
+    if comm is not None and not hasattr(comm, "Dup"):
+        raise HvdDcasgdError(f"hvd_dcasgd: init(comm=...) takes an mpi4py communicator, not {type(comm).__name__}")
     try:
         mpi = load_mpi()
     except MpiUnavailable:
@@ -119,6 +137,8 @@ def init(comm: Any = None) -> None:
         local_rank=0 if is_server else node.Get_rank(),
         local_size=1 if is_server else node.Get_size(),
     )
+    # Horovod's cross communicator: the workers with this node-local rank, one per node
+    _runtime.cross = workers.Split(_runtime.local_rank, _runtime.worker_rank)
     node.Free()
     if not is_server:
         _runtime.horovod, _runtime.horovod_off = start_horovod(mpi, workers)

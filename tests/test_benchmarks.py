@@ -1,29 +1,100 @@
-"""The benchmark scripts keep working: tiny sizes, no timing asserted."""
+"""The benchmark scripts keep working, and each writes its section of the
+performance page: tiny sizes, into a temporary copy of docs/PERFORMANCE.md,
+no timing asserted."""
 
 import importlib.util
 import re
+import shutil
+import sys
+
+import pytest
 
 from conftest import ROOT, mpirun, python
 
+sys.path.insert(0, str(ROOT / "docs"))
+
+import generate  # noqa: E402
+
 BENCH = ROOT / "benchmarks"
 RATIO = r"ratio (?:raw/\w+ +)?(\d+\.\d\d)"
+MODES = ("none", "constant", "adaptive", "sync")
 
 
-def test_apply_benchmark_runs():
-    result = python(BENCH / "bench_apply.py", "--numel", 4096, "--repeats", 1, timeout=120)
+@pytest.fixture
+def page(tmp_path):
+    """A temporary copy of the performance page, and its sections before."""
+    copy = tmp_path / "PERFORMANCE.md"
+    shutil.copyfile(ROOT / "docs" / "PERFORMANCE.md", copy)
+    return copy, copy.read_text()
+
+
+def _section(page, script, argv):
+    """The section ``script`` wrote, after checking that nothing else changed
+    and that it says how, when and where it was measured."""
+    path, before = page
+    after = path.read_text()
+    name = f"benchmarks/{script}"
+    body = generate.sections(after)[name]
+    assert generate.replace_section(before, name, body) == after, "only the benchmark's own section may change"
+    head = body.splitlines()[0]
+    assert head.startswith(f"`python benchmarks/{script} {' '.join(map(str, argv))}`"), head
+    assert re.search(r"\d{4}-\d\d-\d\d\. Machine: \d+ cores .*torch .* with \d+ threads; ", head), head
+    return body
+
+
+def _table(body):
+    """The rows of the section's one table, as lists of cells; every row as wide as the header."""
+    lines = [line for line in body.splitlines() if line.startswith("|")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+    assert len(rows) >= 3 and set(lines[1]) <= set("|-"), body
+    assert all(len(row) == len(rows[0]) for row in rows), body
+    return rows[2:]
+
+
+def test_apply_benchmark_runs_and_writes_its_section(page):
+    argv = ["--numel", 4096, "--repeats", 1, "--markdown", page[0]]
+    result = python(BENCH / "bench_apply.py", *argv, timeout=120)
     assert result.returncode == 0, result.stdout
-    assert len(re.findall(RATIO, result.stdout)) == 10, result.stdout
+    assert len(re.findall(RATIO, result.stdout)) == 12, result.stdout
+    rows = _table(_section(page, "bench_apply.py", argv))
+    assert len(rows) == 12 and rows[0][-1] == "1.00", rows
+    assert {row[1] for row in rows[2:]} <= {"`fused_sgd`", "`fused`", "`foreach`", "`reference`"}, rows
 
 
-def test_transport_benchmark_runs():
+@pytest.mark.mpi
+def test_transport_benchmark_runs_under_mpirun():
     result = mpirun(2, BENCH / "bench_transport.py", "--numel", 4096, "--repeats", 1, timeout=120)
     assert result.returncode == 0, result.stdout
     assert len(re.findall(RATIO, result.stdout)) == 2, result.stdout
 
 
-def test_end_to_end_benchmark_runs():
-    result = python(BENCH / "bench_end_to_end.py", "--workers", 2, "--numel", 4096, "--steps", 5, timeout=300)
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_transport_benchmark_compares_the_paths_and_writes_its_section(page):
+    argv = ["--numel", 4096, "--repeats", 1, "--markdown", page[0]]
+    result = python(BENCH / "bench_transport.py", *argv, timeout=400)
     assert result.returncode == 0, result.stdout
-    rows = re.findall(r"^  (\w+) +Horovod (on|off) +[\d.]+ updates/s", result.stdout, re.MULTILINE)
+    rows = _table(_section(page, "bench_transport.py", argv))
+    assert [row[0].split(",")[0] for row in rows] == ["one node", "one node", "TCP"], rows
+    assert all(re.fullmatch(r"[\d.]+ ms \(\d+\.\d\d\)", cell) for row in rows for cell in row[-2:]), rows
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_end_to_end_benchmark_runs_and_writes_its_section(page):
+    argv = ["--workers", 2, "--numel", 4096, "--steps", 5, "--markdown", page[0]]
+    result = python(BENCH / "bench_end_to_end.py", *argv, timeout=600)
+    assert result.returncode == 0, result.stdout
+    lines = re.findall(r"^  (\w+) +Horovod (on|off) +[\d.]+ updates/s", result.stdout, re.MULTILINE)
     settings = ["on", "off"] if importlib.util.find_spec("horovod") else ["off"]
-    assert rows == [(m, h) for m in ("none", "constant", "adaptive", "sync") for h in settings], result.stdout
+    assert lines == [(m, h) for m in MODES for h in settings], result.stdout
+    rows = _table(_section(page, "bench_end_to_end.py", argv))
+    assert [row[0].split()[0] for row in rows] == [f"`{m}`" for m in MODES], rows
+    assert rows[0][2] == "1.00" and len(rows[0]) == 1 + 2 * len(settings) + (len(settings) == 2), rows
+
+
+def test_markdown_needs_every_path_so_not_under_mpirun(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    result = python(BENCH / "bench_transport.py", "--markdown", tmp_path / "page.md", timeout=60)
+    assert result.returncode != 0 and "without mpirun" in result.stdout, result.stdout
+    assert not (tmp_path / "page.md").exists()

@@ -6,6 +6,7 @@ not installed (``bash .ci/setup.sh`` builds it); what must work without it
 runs with the integration turned off (``HVD_DCASGD_HOROVOD=0``).
 """
 
+import ast
 import difflib
 import json
 import os
@@ -65,7 +66,7 @@ def test_horovod_was_built_for_pytorch_and_mpi():
 @needs_horovod
 @pytest.mark.parametrize("method", ["adaptive", "horovod"])
 def test_workers_are_a_horovod_job_and_agree_with_horovod_under_mpirun(method):
-    result = mpirun(3, AGREEMENT, method, "compare", timeout=180)
+    result = mpirun(3, AGREEMENT, method, "compare", env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"}, timeout=180)
     assert result.returncode == 0, result.stdout[-4000:]
     agreement(result.stdout, 2)
 
@@ -190,3 +191,41 @@ def test_the_unchanged_horovod_script_matches_plain_horovod_in_every_mode():
         ours[mode] = final_accuracy(result.stdout)
     print(f"plain Horovod {reference:.4f}, hvd_dcasgd {ours}")
     assert all(abs(accuracy - reference) <= 0.03 for accuracy in ours.values()), (reference, ours)
+
+
+@needs_horovod
+def test_every_public_name_of_horovod_torch_exists():
+    """Compared with the installed Horovod: each name is there; the ones that
+    cannot mean anything here say why when used, never AttributeError."""
+    probe = ("import horovod.torch as h, hvd_dcasgd as d\n"
+             "names = sorted(n for n in dir(h) if not n.startswith('_'))\n"
+             "answers = {}\n"
+             "for n in names:\n"
+             "    try:\n        getattr(d, n); answers[n] = 'ok'\n"
+             "    except d.HvdDcasgdError as e:\n        answers[n] = str(e)\n"
+             "print(len(names), answers)")
+    result = run([sys.executable, "-c", probe])
+    assert result.returncode == 0, result.stdout
+    count, answers = result.stdout.split(" ", 1)
+    answers = ast.literal_eval(answers)
+    assert int(count) == 74 == len(answers)
+    refused = {n: a for n, a in answers.items() if a != "ok"}
+    assert list(refused) == ["mpi_lib_v2"] and "Horovod's compiled extension" in refused["mpi_lib_v2"]
+
+
+def test_what_cannot_mean_anything_here_says_why():
+    probe = ("import hvd_dcasgd as hvd\nhvd.init()\n"
+             "for use in (lambda: hvd.elastic.run, lambda: hvd.start_timeline('t.json')):\n"
+             "    try:\n        use()\n    except hvd.HvdDcasgdError as e:\n        print('refused:', e)")
+    result = run([sys.executable, "-c", probe], env=WITHOUT_HOROVOD)
+    assert "refused: hvd_dcasgd: Horovod's elastic mode (hvd.elastic.run) is not supported" in result.stdout
+    assert "refused: hvd_dcasgd: start_timeline records Horovod's collectives" in result.stdout, result.stdout
+
+
+@pytest.mark.mpi
+def test_sync_batch_norm_normalises_over_every_workers_batch_on_the_cpu(tmp_path):
+    result = mpirun(4, PROGRAMS / "sync_batch_norm.py", tmp_path, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    for rank in range(3):
+        report = json.loads((tmp_path / f"bn{rank}.json").read_text())
+        assert all(value < 1e-5 for key, value in report.items() if key != "rank"), report

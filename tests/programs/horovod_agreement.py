@@ -37,6 +37,54 @@ results["allgather"] = hvd.allgather(values[: hvd.rank() + 1], name="g").tolist(
 results["broadcast"] = hvd.broadcast(values, root_rank=1, name="b").tolist()
 results["broadcast_object"] = hvd.broadcast_object({"from": hvd.rank()}, root_rank=1)
 
+
+def calls(h, tag):
+    """The rest of Horovod's API, the same lines for either module ``h``."""
+    out = {}
+    rows = torch.arange(20.0).view(5, 4) * (h.rank() + 1)
+    out["allreduce_Product"] = h.allreduce(values + 1, op=h.Product, name=f"{tag}p").tolist()
+    out["allreduce_scaled"] = h.allreduce(values, op=h.Sum, prescale_factor=0.5, postscale_factor=3.0,
+                                          name=f"{tag}s").tolist()
+    out["allreduce_fp16"] = h.allreduce(values / 3, compression=h.Compression.fp16, name=f"{tag}c").tolist()
+    out["allreduce_int"] = h.allreduce(torch.tensor([7, 8]) * (h.rank() + 1), name=f"{tag}i").tolist()
+    inplace = values.clone()
+    h.allreduce_(inplace, op=h.Max, name=f"{tag}m_")
+    out["allreduce_"] = inplace.tolist()
+    out["grouped_allreduce"] = [t.tolist() for t in h.grouped_allreduce([values, values * 2], name=f"{tag}ga")]
+    out["grouped_allgather"] = [t.tolist() for t in h.grouped_allgather([values[:1], rows], name=f"{tag}gg")]
+    out["allgather_object"] = h.allgather_object({"rank": h.rank()}, name=f"{tag}go")
+    out["reducescatter"] = h.reducescatter(rows, name=f"{tag}rs").tolist()
+    out["reducescatter_sum"] = h.reducescatter(rows, op=h.Sum, name=f"{tag}rss").tolist()
+    out["grouped_reducescatter"] = [t.tolist() for t in h.grouped_reducescatter([rows], name=f"{tag}grs")]
+    sent = torch.arange(4.0 * h.size()).view(-1, 1) + 100 * h.rank()
+    out["alltoall"] = h.alltoall(sent, name=f"{tag}a").tolist()
+    splits = torch.tensor([1] * (h.size() - 1) + [2 * h.size() - (h.size() - 1)], dtype=torch.int32)
+    received, received_splits = h.alltoall(torch.arange(2.0 * h.size()) + 100 * h.rank(), splits=splits,
+                                           name=f"{tag}as")
+    out["alltoall_splits"] = [received.tolist(), received_splits.tolist()]
+    handle = h.allreduce_async(values, name=f"{tag}async")
+    out["allreduce_async"] = [h.poll(handle) in (True, False), h.synchronize(handle).tolist()]
+    out["allgather_async"] = h.synchronize(h.allgather_async(values[: h.rank() + 1], name=f"{tag}gasync")).tolist()
+    target = values.clone()
+    h.synchronize(h.broadcast_async_(target, root_rank=1, name=f"{tag}basync_"))
+    out["broadcast_async_"] = target.tolist()
+    target = values.clone()
+    h.broadcast_(target, root_rank=0, name=f"{tag}b_")
+    out["broadcast_"] = target.tolist()
+    h.barrier()
+    out["cross"] = [h.cross_rank(), h.cross_size()]
+    out["built"] = [h.mpi_built(), h.mpi_enabled(), bool(h.gloo_built()), h.gloo_enabled()]
+    evens = h.ProcessSet([r for r in range(h.size()) if r % 2 == 0])
+    evens = h.add_process_set(evens)
+    if evens.included():
+        out["process_set"] = [evens.rank(), evens.size(),
+                              h.allreduce(values, op=h.Sum, name=f"{tag}ps", process_set=evens).tolist()]
+    h.remove_process_set(evens)
+    return out
+
+
+results.update(calls(hvd, "d"))
+
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 for _ in range(3):
     optimizer.zero_grad()
@@ -57,6 +105,7 @@ if mode == "compare":
     expected["allgather"] = horovod.allgather(values[: hvd.rank() + 1], name="hg").tolist()
     expected["broadcast"] = horovod.broadcast(values, root_rank=1, name="hb").tolist()
     expected["broadcast_object"] = horovod.broadcast_object({"from": hvd.rank()}, root_rank=1)
+    expected.update(calls(horovod, "h"))
     time.sleep(0.3 * hvd.rank())
     expected["join"] = horovod.join()
     mismatches = {k: (results[k], expected[k]) for k in expected if results[k] != expected[k]}

@@ -229,3 +229,22 @@ def test_sync_batch_norm_normalises_over_every_workers_batch_on_the_cpu(tmp_path
     for rank in range(3):
         report = json.loads((tmp_path / f"bn{rank}.json").read_text())
         assert all(value < 1e-5 for key, value in report.items() if key != "rank"), report
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@needs_horovod
+def test_a_horovod_users_habits_give_the_same_outcome(tmp_path):
+    """The same lines (tests/programs/habits.py) under plain Horovod and
+    under hvd_dcasgd, 2 workers: every outcome alike; one more: the overflowed
+    step reached no server (its pushes are the steps GradScaler took)."""
+    plain = mpirun(2, PROGRAMS / "habits.py", "horovod.torch", tmp_path, timeout=180)
+    assert plain.returncode == 0, plain.stdout[-3000:]
+    ours = mpirun(3, PROGRAMS / "habits.py", "hvd_dcasgd", tmp_path, timeout=180)
+    assert ours.returncode == 0, ours.stdout[-3000:]
+    for rank in range(2):
+        theirs = json.loads((tmp_path / f"horovod.torch-{rank}.json").read_text())
+        mine = json.loads((tmp_path / f"hvd_dcasgd-{rank}.json").read_text())
+        assert mine == theirs, (rank, mine, theirs)
+    taken = sum(json.loads((tmp_path / f"hvd_dcasgd-{r}.json").read_text())["steps"] - 1 for r in range(2))
+    assert f"pushes per worker [1, 2]" in ours.stdout and f"{taken} updates in" in ours.stdout, ours.stdout[-2000:]

@@ -2,27 +2,35 @@
 
 Workers push precomputed gradients as fast as the server answers, so the
 figure is the system's update rate (transport + compensation + optimizer),
-not a model's compute.  Each mode runs once under mpirun; the table shows
-updates/s and the ratio to plain ASGD (``none``) measured in the same run.
+not a model's compute.  Each mode runs under its own mpirun (``--rounds R``:
+R times, interleaved, and the median is shown); the table shows updates/s and
+the ratio to plain ASGD (``none``) measured in the same invocation.
 With Horovod installed every mode also runs with the Horovod integration off
 (``HVD_DCASGD_HOROVOD=0``: no Horovod background thread on the workers, MPI at
 thread level serialized), interleaved, to show what the integration costs.
 
-    python benchmarks/bench_end_to_end.py [--workers 4] [--numel 1000000] [--steps 300]
+    python benchmarks/bench_end_to_end.py [--workers 4] [--numel 1000000] [--steps 300] [--markdown docs/PERFORMANCE.md]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import os
 import re
-import subprocess
+import statistics
 import sys
+from pathlib import Path
 
 import torch
 
+import docs_section
+
+ROOT = Path(__file__).resolve().parent.parent
 MODES = ("none", "constant", "adaptive", "sync")
+LABELS = {"none": "ASGD", "constant": "DC-ASGD-c", "adaptive": "DC-ASGD-a",
+          "sync": "SSGD; one update per round of pushes"}
 
 
 def train(args) -> None:
@@ -43,26 +51,52 @@ def train(args) -> None:
 
 
 def launch(args) -> None:
+    from hvd_dcasgd.process import run_command
+
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     settings = ("auto", "0") if importlib.util.find_spec("horovod") else ("0",)
-    rates = {}
-    for mode in MODES:
-        for horovod in settings:
-            cmd = ["mpirun", *root, "--oversubscribe", "-np", str(args.workers + 1), sys.executable, __file__,
-                   "--run", mode, "--numel", str(args.numel), "--steps", str(args.steps)]
-            env = {**os.environ, "HVD_DCASGD_HOROVOD": horovod}
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-            found = re.search(r"\(([\d.]+) updates/s\), \d+ gradients \(([\d.]+) gradients/s\)", out.stdout + out.stderr)
-            if out.returncode != 0 or not found:
-                sys.exit(f"{mode} failed:\n{out.stdout}{out.stderr}")
-            rates[mode, horovod] = (float(found.group(1)), float(found.group(2)))
-    print(f"end to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, "
-          f"{args.steps} pushes per worker, {os.cpu_count()} cores")
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    runs = {}
+    for _, mode, horovod in itertools.product(range(args.rounds), MODES, settings):  # interleaved rounds
+        cmd = ["mpirun", *root, "--oversubscribe", "-np", str(args.workers + 1), sys.executable, __file__,
+               "--run", mode, "--numel", str(args.numel), "--steps", str(args.steps)]
+        env = {**os.environ, "PYTHONPATH": path, "HVD_DCASGD_HOROVOD": horovod}
+        out = run_command(cmd, timeout=args.timeout, env=env)
+        found = re.search(r"\(([\d.]+) updates/s\), \d+ gradients \(([\d.]+) gradients/s\)", out.stdout)
+        if out.returncode != 0 or not found:
+            sys.exit(f"{mode} failed{' (timed out)' if out.timed_out else ''}:\n{out.stdout}")
+        runs.setdefault((mode, horovod), []).append((float(found.group(1)), float(found.group(2))))
+    rates = {key: tuple(statistics.median(r[i] for r in rs) for i in range(2)) for key, rs in runs.items()}
+    rounds = f", median of {args.rounds} interleaved rounds" if args.rounds > 1 else ""
+    title = (f"end to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, "
+             f"{args.steps} pushes per worker, {os.cpu_count()} cores{rounds}")
+    print(title)
     for (mode, horovod), (updates, gradients) in rates.items():
         label = "Horovod on " if horovod == "auto" else "Horovod off"
         print(f"  {mode:9s} {label} {updates:8.1f} updates/s  {gradients:8.1f} gradients/s  "
               f"ratio to none (updates) {updates / rates['none', horovod][0]:4.2f}"
               + (f"  on/off {updates / rates[mode, '0'][0]:4.2f}" if horovod == "auto" else ""))
+    if args.markdown:
+        header, rows = ["mode"], []
+        for horovod in settings:
+            label = "on" if horovod == "auto" else "off"
+            header += [f"updates/s, Horovod {label}", "ratio to ASGD"]
+        if len(settings) == 2:
+            header.append("on / off")
+        for mode in MODES:
+            row = [f"`{mode}` ({LABELS[mode]})"]
+            for horovod in settings:
+                row += [f"{rates[mode, horovod][0]:.1f}", f"{rates[mode, horovod][0] / rates['none', horovod][0]:.2f}"]
+            if len(settings) == 2:
+                row.append(f"{rates[mode, 'auto'][0] / rates[mode, '0'][0]:.2f}")
+            rows.append(row)
+        note = ("Horovod is not installed here: every run has the integration off." if len(settings) == 1
+                else "Every mode runs with the integration on and with it off (`HVD_DCASGD_HOROVOD=0`).")
+        summary = (f"End to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, {args.steps} "
+                   f"pushes per worker, {args.workers + 1} processes, one mpirun per run{rounds}. {note}")
+        command = docs_section.command("bench_end_to_end.py", sys.argv[1:])
+        docs_section.write(args.markdown, "bench_end_to_end.py", command,
+                           [summary, "", *docs_section.table(header, rows)])
 
 
 def main() -> None:
@@ -70,6 +104,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--numel", type=int, default=1_000_000)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=1, help="run every mode this many times, interleaved; "
+                        "report the median")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds for each mpirun")
+    parser.add_argument("--markdown", metavar="PATH", help="also write this benchmark's section of PATH "
+                        "(docs/PERFORMANCE.md)")
     parser.add_argument("--run", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     train(args) if args.run else launch(args)

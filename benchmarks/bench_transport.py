@@ -1,12 +1,19 @@
 """(b) One worker's push + pull round trip against raw mpi4py Put + Get.
 
-Run with two ranks: rank 0 owns the windows, rank 1 is the worker.
-
+    python benchmarks/bench_transport.py [--numel 25000000] [--markdown docs/PERFORMANCE.md]
     mpirun -np 2 python benchmarks/bench_transport.py [--numel 25000000]
 
-Three figures, all for the same bytes (a float32 gradient out, float32
-weights back) and windows allocated the same way (``MPI.Win.Allocate`` on
-rank 0, ``Lock_all`` for the run):
+Under ``mpirun -np 2`` it measures the one-sided path that mpirun chose: rank
+0 owns the windows, rank 1 is the worker.  Started without mpirun it runs
+itself under ``mpirun -np 2`` once per Open MPI path (the default, ``--mca
+osc sm``, and TCP with ``--mca btl tcp,self --mca osc pt2pt``) and prints one
+table.
+
+All figures are for the same bytes (a float32 gradient out, float32 weights
+back) on windows allocated the same way (``MPI.Win.Allocate`` on rank 0,
+``Lock_all`` for the run), timed in interleaved repetitions:
+* Put, Get: one ``Put`` + ``Flush`` of the message, one ``Get`` + ``Flush``
+  of the weights;
 * raw: ``Put`` + ``Flush`` + ``Get`` + ``Flush``, nothing else;
 * channel: the protocol (Put, flush, publish the sequence word, wait for the
   server's answer, Get), the server answering at once;
@@ -19,27 +26,43 @@ Ratios raw / protocol are printed; 1.0 means no overhead over raw RMA.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from hvd_dcasgd.channel import ServerChannel, WorkerChannel, control_words
-from hvd_dcasgd.layout import ModelLayout, PushMessage
-from hvd_dcasgd.mpi import load_mpi
-from hvd_dcasgd.transport import ControlWords, Mailboxes
-from hvd_dcasgd.worker import Worker
+import docs_section
 
-MPI = load_mpi()
+ROOT = Path(__file__).resolve().parent.parent
+#: The Open MPI paths compared: name, mpirun arguments, extra environment
+#: (osc/pt2pt refuses MPI_THREAD_MULTIPLE, so Horovod's integration is off there).
+PATHS = (
+    ("one node, default (osc/rdma over shared memory)", [], {}),
+    ("one node, `--mca osc sm`", ["--mca", "osc", "sm"], {}),
+    ("TCP, `--mca btl tcp,self --mca osc pt2pt`", ["--mca", "btl", "tcp,self", "--mca", "osc", "pt2pt"],
+     {"HVD_DCASGD_HOROVOD": "0"}),
+)
+FIGURES = ("put", "get", "raw", "channel", "exchange")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--numel", type=int, default=25_000_000)
-    parser.add_argument("--repeats", type=int, default=9)
-    args = parser.parse_args()
+def under_mpi_launcher() -> bool:
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"))
+
+
+def measure(args) -> None:
+    """Rank 0 answers, rank 1 times; rank 1 prints the figures."""
+    from hvd_dcasgd.channel import ServerChannel, WorkerChannel
+    from hvd_dcasgd.endpoints import open_windows
+    from hvd_dcasgd.layout import ModelLayout, PushMessage
+    from hvd_dcasgd.mpi import load_mpi
+    from hvd_dcasgd.worker import Worker
+
+    MPI = load_mpi()
     comm = MPI.COMM_WORLD
     if comm.Get_size() != 2:
         sys.exit("run with exactly two ranks: mpirun -np 2 python benchmarks/bench_transport.py")
@@ -53,8 +76,7 @@ def main() -> None:
 
     raw_win = MPI.Win.Allocate(message_bytes + weight_bytes if rank == 0 else 0, 1, MPI.INFO_NULL, comm)
     raw_win.Lock_all(MPI.MODE_NOCHECK)
-    control = ControlWords(MPI, comm, control_words(1))
-    mailboxes = Mailboxes(MPI, comm, 1, message_bytes, weight_bytes)
+    control, mailboxes = open_windows(comm, layout, torch.float32, num_workers=1)
     send, recv = np.ones(message_bytes, np.uint8), np.empty(weight_bytes, np.uint8)
     if rank == 0:  # answer every push at once: two per round (channel, exchange)
         channel = ServerChannel(control, mailboxes, 1)
@@ -69,35 +91,115 @@ def main() -> None:
         worker = Worker(optimizer, layout, worker_channel, torch.float32)
         model.weight.grad = torch.randn_like(model.weight)
 
-        def raw_round_trip():
+        def put():
             raw_win.Put(send, 0, (0, message_bytes, MPI.BYTE))
             raw_win.Flush(0)
+
+        def get():
             raw_win.Get(recv, 0, (message_bytes, weight_bytes, MPI.BYTE))
             raw_win.Flush(0)
+
+        def raw_round_trip():
+            put()
+            get()
 
         def channel_round_trip():
             worker_channel.push(send)
             worker_channel.pull(recv)
 
-        # interleaved, so that the machine's noise hits all three alike
-        times = {"raw": [], "channel": [], "exchange": []}
+        # interleaved, so that the machine's noise hits all of them alike
+        calls = dict(zip(FIGURES, (put, get, raw_round_trip, channel_round_trip, worker.exchange)))
+        times = {name: [] for name in calls}
         for _ in range(rounds):
-            for name, fn in (("raw", raw_round_trip), ("channel", channel_round_trip), ("exchange", worker.exchange)):
+            for name, fn in calls.items():
                 start = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - start)
-        raw, protocol, exchange = (statistics.median(times[k][2:]) for k in ("raw", "channel", "exchange"))
+        s = {k: statistics.median(v[2:]) for k, v in times.items()}
         mb = (message_bytes + weight_bytes) / 1e6
-        print(f"round trip of {mb:.0f} MB ({args.numel / 1e6:.0f}M float32 out and back), one worker, "
-              f"median of {args.repeats}, interleaved")
-        print(f"  raw Put+Get:        {raw * 1e3:8.1f} ms  ({mb / 1e3 / raw:5.2f} GB/s)")
-        print(f"  channel push+pull:  {protocol * 1e3:8.1f} ms  ratio raw/channel  {raw / protocol:4.2f}")
-        print(f"  worker exchange:    {exchange * 1e3:8.1f} ms  ratio raw/exchange {raw / exchange:4.2f}")
+        print(f"round trip of {describe(message_bytes + weight_bytes, args.numel)}, one worker, "
+              f"median of {args.repeats}, interleaved, MPI thread level {thread_level(MPI)}")
+        print(f"  raw Put:            {s['put'] * 1e3:8.1f} ms  ({message_bytes / 1e9 / s['put']:5.2f} GB/s)")
+        print(f"  raw Get:            {s['get'] * 1e3:8.1f} ms  ({weight_bytes / 1e9 / s['get']:5.2f} GB/s)")
+        print(f"  raw Put+Get:        {s['raw'] * 1e3:8.1f} ms  ({mb / 1e3 / s['raw']:5.2f} GB/s)")
+        print(f"  channel push+pull:  {s['channel'] * 1e3:8.1f} ms  ratio raw/channel  {s['raw'] / s['channel']:4.2f}")
+        print(f"  worker exchange:    {s['exchange'] * 1e3:8.1f} ms  "
+              f"ratio raw/exchange {s['raw'] / s['exchange']:4.2f}")
+        if args.json:
+            print("FIGURES " + json.dumps({**s, "message_bytes": message_bytes, "weight_bytes": weight_bytes,
+                                           "thread_level": thread_level(MPI)}))
     comm.Barrier()
     raw_win.Unlock_all()
     raw_win.Free()
     control.free()
     mailboxes.free()
+
+
+def describe(nbytes: int, numel: int) -> str:
+    """``200 MB (25M float32 out and back)``."""
+    if numel >= 100_000:
+        return f"{nbytes / 1e6:.0f} MB ({numel / 1e6:g}M float32 out and back)"
+    return f"{nbytes} bytes ({numel} float32 out and back)"
+
+
+def thread_level(MPI) -> str:
+    levels = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled", MPI.THREAD_SERIALIZED: "serialized",
+              MPI.THREAD_MULTIPLE: "multiple"}
+    return levels.get(MPI.Query_thread(), "unknown")
+
+
+def launch(args) -> None:
+    """Run :func:`measure` under mpirun once per path; print (and write) one table."""
+    from hvd_dcasgd.process import run_command
+
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    results = {}
+    for name, mca, env in PATHS:
+        cmd = ["mpirun", *root, "--oversubscribe", "-np", "2", *mca, sys.executable, __file__,
+               "--numel", str(args.numel), "--repeats", str(args.repeats), "--json"]
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        out = run_command(cmd, timeout=args.timeout, env={**os.environ, "PYTHONPATH": path, **env})
+        lines = [line for line in out.stdout.splitlines() if line.startswith("FIGURES ")]
+        if out.returncode != 0 or not lines:
+            sys.exit(f"{name} failed{' (timed out)' if out.timed_out else ''}: {' '.join(cmd)}\n{out.stdout}")
+        results[name] = json.loads(lines[-1][len("FIGURES "):])
+    first = next(iter(results.values()))
+    title = (f"round trip of {describe(first['message_bytes'] + first['weight_bytes'], args.numel)}, one worker, "
+             f"median of {args.repeats} interleaved repetitions, each path one mpirun")
+    print(title)
+    rows = []
+    for name, r in results.items():
+        def rate(key: str, nbytes: int) -> str:
+            return f"{r[key] * 1e3:.1f} ms, {nbytes / 1e9 / r[key]:.2f} GB/s"
+
+        rows.append([name, r["thread_level"], rate("put", r["message_bytes"]), rate("get", r["weight_bytes"]),
+                     rate("raw", r["message_bytes"] + r["weight_bytes"]),
+                     f"{r['channel'] * 1e3:.1f} ms ({r['raw'] / r['channel']:.2f})",
+                     f"{r['exchange'] * 1e3:.1f} ms ({r['raw'] / r['exchange']:.2f})"])
+        print(f"  {name}: " + "; ".join(rows[-1][1:]))
+    if args.markdown:
+        header = ["Open MPI path", "thread level", "Put", "Get", "raw Put + Get",
+                  "channel push + pull (ratio to raw)", "worker `step()` exchange (ratio to raw)"]
+        command = docs_section.command("bench_transport.py", sys.argv[1:])
+        docs_section.write(args.markdown, "bench_transport.py", command,
+                           [f"{title[0].upper()}{title[1:]}.", "", *docs_section.table(header, rows)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--numel", type=int, default=25_000_000)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--timeout", type=float, default=300, help="seconds for each mpirun (without mpirun)")
+    parser.add_argument("--markdown", metavar="PATH", help="also write this benchmark's section of PATH "
+                        "(docs/PERFORMANCE.md); without mpirun only")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if under_mpi_launcher():
+        if args.markdown:
+            sys.exit("--markdown compares every path: run without mpirun")
+        measure(args)
+    else:
+        launch(args)
 
 
 if __name__ == "__main__":

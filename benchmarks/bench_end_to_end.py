@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
+import json
 import os
-import re
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -57,15 +58,18 @@ def launch(args) -> None:
     settings = ("auto", "0") if importlib.util.find_spec("horovod") else ("0",)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     runs = {}
-    for _, mode, horovod in itertools.product(range(args.rounds), MODES, settings):  # interleaved rounds
-        cmd = ["mpirun", *root, "--oversubscribe", "-np", str(args.workers + 1), sys.executable, __file__,
-               "--run", mode, "--numel", str(args.numel), "--steps", str(args.steps)]
-        env = {**os.environ, "PYTHONPATH": path, "HVD_DCASGD_HOROVOD": horovod}
-        out = run_command(cmd, timeout=args.timeout, env=env)
-        found = re.search(r"\(([\d.]+) updates/s\), \d+ gradients \(([\d.]+) gradients/s\)", out.stdout)
-        if out.returncode != 0 or not found:
-            sys.exit(f"{mode} failed{' (timed out)' if out.timed_out else ''}:\n{out.stdout}")
-        runs.setdefault((mode, horovod), []).append((float(found.group(1)), float(found.group(2))))
+    with tempfile.TemporaryDirectory() as scratch:
+        summary = Path(scratch) / "summary.json"  # the server's end-of-run figures (HVD_DCASGD_SUMMARY)
+        for _, mode, horovod in itertools.product(range(args.rounds), MODES, settings):  # interleaved rounds
+            cmd = ["mpirun", *root, "--oversubscribe", "-np", str(args.workers + 1), sys.executable, __file__,
+                   "--run", mode, "--numel", str(args.numel), "--steps", str(args.steps)]
+            env = {**os.environ, "PYTHONPATH": path, "HVD_DCASGD_HOROVOD": horovod, "HVD_DCASGD_SUMMARY": str(summary)}
+            summary.unlink(missing_ok=True)
+            out = run_command(cmd, timeout=args.timeout, env=env)
+            if out.returncode != 0 or not summary.exists():
+                sys.exit(f"{mode} failed{' (timed out)' if out.timed_out else ''}:\n{out.stdout}")
+            figures = json.loads(summary.read_text())
+            runs.setdefault((mode, horovod), []).append((figures["updates_per_s"], figures["gradients_per_s"]))
     rates = {key: tuple(statistics.median(r[i] for r in rs) for i in range(2)) for key, rs in runs.items()}
     rounds = f", median of {args.rounds} interleaved rounds" if args.rounds > 1 else ""
     title = (f"end to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, "

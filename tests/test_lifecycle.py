@@ -209,9 +209,9 @@ def test_one_worker_is_sequential_sgd_in_every_mode(tmp_path):
 @pytest.mark.mpi
 @pytest.mark.slow
 def test_mpi_imported_first_works_on_shared_memory_and_explains_itself_over_tcp():
-    ok = mpirun(3, PROGRAMS / "mpi_first.py", timeout=60)
+    ok = mpirun(3, PROGRAMS / "import_order.py", "mpi-first", timeout=60)
     assert ok.returncode == 0 and "worker 1 done" in ok.stdout, ok.stdout
-    refused = mpirun(3, PROGRAMS / "mpi_first.py", mca=TCP, timeout=60)
+    refused = mpirun(3, PROGRAMS / "import_order.py", "mpi-first", mca=TCP, timeout=60)
     assert refused.returncode != 0
     assert refused.stdout.count("MPI runs at thread level MULTIPLE, which Open MPI's one-sided component over TCP "
                                 "(osc/pt2pt) refuses: the script imported mpi4py.MPI before hvd_dcasgd") == 3, \
@@ -223,6 +223,6 @@ def test_mpi_imported_first_works_on_shared_memory_and_explains_itself_over_tcp(
 def test_mpi_imported_after_hvd_dcasgd_works_on_every_path(mca):
     """With Horovod installed the default level is MULTIPLE, which osc/pt2pt
     refuses: importing hvd_dcasgd chose the level before the script loaded MPI."""
-    result = mpirun(3, PROGRAMS / "hvd_first.py", mca=mca, timeout=60)
+    result = mpirun(3, PROGRAMS / "import_order.py", "hvd-first", mca=mca, timeout=60)
     assert result.returncode == 0, result.stdout
     assert "worker 0 done" in result.stdout and "worker 1 done" in result.stdout, result.stdout

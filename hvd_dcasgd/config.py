@@ -72,6 +72,9 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              "at lr / size() per asynchronous gradient) or none (as given); overrides "
              "DistributedOptimizer(lr_scaling=...)", _choice("horovod", "none")),
     Variable("HVD_DCASGD_LAMBDA", "lambda_0; overrides DistributedOptimizer(lambda_0=...)", _non_negative_number),
+    Variable("HVD_DCASGD_SKIP_BAD_PUSHES", "1: the server skips (and counts) a push whose learning rate is not a "
+             "finite number >= 0 or whose gradient is not finite; 0 (default): it ends the job naming the worker",
+             _choice("0", "1")),
     Variable("HVD_DCASGD_TRACE", "a path: the server writes one JSON line per applied gradient"),
     Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),
     Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device (default: CUDA when it has one, else the CPU)"),

@@ -16,6 +16,7 @@ counters -- is in :meth:`ParameterServer.state_dict`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from typing import Any, Callable, Dict, Optional, Sequence
 
@@ -23,11 +24,12 @@ import torch
 
 from .channel import ServerChannel
 from .compensation import Compensation
-from .errors import HvdDcasgdValueError
+from .config import setting
+from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from .staging import Staging
 from .telemetry import Telemetry
-from .tensors import snapshot
+from .tensors import all_finite, snapshot
 from .transport import Backoff
 from .update import ServerUpdate
 
@@ -108,15 +110,53 @@ class ParameterServer:
             self.staging.download(self.backups[worker], self.outboxes[worker])
         self.sent_at[worker] = self.updates
 
+    # --- what the server will not apply --------------------------------------
+    def _problem(self, worker: int) -> Optional[str]:
+        """Why worker's pending push must not be applied, or ``None``: the
+        server checks whatever the workers' settings (a worker's own check
+        can be off, and its learning rate is its script's)."""
+        message = self.messages[worker]
+        for group, lr in enumerate(message.lrs.tolist()):
+            if not (math.isfinite(lr) and lr >= 0):
+                return f"its learning rate for param group {group} is {lr}, not a finite number >= 0"
+        if not all_finite(message.gradient):
+            return "its gradient holds NaN or Inf"
+        return None
+
+    def refuses(self, worker: int) -> bool:
+        """Check worker's pending push.  A bad one raises a sentence naming the
+        worker and what is wrong, the weights untouched; with
+        ``HVD_DCASGD_SKIP_BAD_PUSHES=1`` it is skipped and counted instead,
+        and the worker gets the current weights back."""
+        problem = self._problem(worker)
+        if problem is None:
+            return False
+        push = self.telemetry.pushes[worker] + self.telemetry.refused[worker]
+        where = f"worker {worker} (MPI rank {worker + 1}), push {push}"
+        if setting("HVD_DCASGD_SKIP_BAD_PUSHES") != "1":
+            raise HvdDcasgdError(f"hvd_dcasgd: the server refused {where}: {problem}; the weights are unchanged "
+                                 "and no worker received anything of it (HVD_DCASGD_SKIP_BAD_PUSHES=1 skips such "
+                                 "pushes instead).")
+        self.telemetry.refused[worker] += 1
+        self.backups[worker].copy_(self.weights)
+        self._send(worker)
+        return True
+
     def apply(self, worker: int) -> None:
         """Apply worker's pending push as one server update (ASGD / DC-ASGD)."""
+        if self.refuses(worker):
+            return
         self.telemetry.record(self.updates, worker, self.updates - self.sent_at[worker])
         self.update(self._wire_gradient(worker), self.backups[worker], worker, self.messages[worker].lrs.tolist())
         self.updates += 1
         self._send(worker)
 
     def apply_round(self, workers: Sequence[int]) -> None:
-        """Average one push from each of ``workers`` into one update (SSGD)."""
+        """Average one push from each of ``workers`` into one update (SSGD);
+        a refused push leaves the round to the others."""
+        workers = [m for m in workers if not self.refuses(m)]
+        if not workers:
+            return
         for i, m in enumerate(workers):
             self.telemetry.record(self.updates, m, self.updates - self.sent_at[m])
             gradient = self._wire_gradient(m)

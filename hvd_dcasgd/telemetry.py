@@ -22,6 +22,7 @@ class Telemetry:
     def __init__(self, num_workers: int, trace_path: Optional[str] = None):
         self.num_workers = num_workers
         self.pushes: List[int] = [0] * num_workers
+        self.refused: List[int] = [0] * num_workers  # pushes the server would not apply
         self.staleness = Counter()
         self.updates = 0
         self.first: Optional[float] = None  # when the first gradient was applied
@@ -59,6 +60,7 @@ class Telemetry:
             "staleness_max": max(self.staleness) if self.staleness else 0,
             "staleness_histogram": {str(s): n for s, n in sorted(self.staleness.items())},
             "pushes": list(self.pushes),
+            "refused": list(self.refused),
             "pushes_per_s": [n / elapsed for n in self.pushes],
         }
 
@@ -73,6 +75,7 @@ class Telemetry:
             f"hvd_dcasgd server: staleness mean {d['staleness_mean']:.2f} max {d['staleness_max']}; "
             f"histogram {histogram or '-'}\n"
             f"hvd_dcasgd server: pushes per worker {d['pushes']}; throughput {rates}"
+            + (f"\nhvd_dcasgd server: refused pushes per worker {d['refused']}" if any(d["refused"]) else "")
         )
 
     def write_summary(self, path: str) -> None:

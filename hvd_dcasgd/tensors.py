@@ -7,7 +7,14 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-__all__ = ["broadcast_", "byte_view", "snapshot", "to_cpu"]
+__all__ = ["all_finite", "broadcast_", "byte_view", "snapshot", "to_cpu"]
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """True when ``t`` holds no NaN or Inf.  A sum is a fast test (NaN and Inf
+    propagate); only when it is not finite -- a NaN, an Inf, or a sum that
+    merely overflowed -- is every element checked."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def byte_view(tensor: torch.Tensor) -> np.ndarray:

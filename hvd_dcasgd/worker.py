@@ -16,14 +16,7 @@ import torch
 from .channel import WorkerChannel
 from .errors import HvdDcasgdError
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
-from .tensors import byte_view
-
-
-def _all_finite(t: torch.Tensor) -> bool:
-    """True when ``t`` holds no NaN or Inf.  A sum is a fast test (NaN and Inf
-    propagate); only when it is not finite -- a NaN, an Inf, or a sum that
-    merely overflowed -- is every element checked."""
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+from .tensors import all_finite, byte_view
 
 
 class Worker:
@@ -59,7 +52,7 @@ class Worker:
         """Copy gradients (zeros where a parameter has none) and learning rates
         into the message; refuse non-finite gradients before anything is sent."""
         flatten_into(self.message.gradient, self.gradient_views, [p.grad for p in self.params])
-        if self.check_finite and not _all_finite(self.message.gradient):
+        if self.check_finite and not all_finite(self.message.gradient):
             raise HvdDcasgdError(f"hvd_dcasgd: worker {self.channel.worker}: {self._what_is_not_finite()} at push "
                                  f"{self.channel.pushes}; nothing was pushed and the server's weights are unchanged "
                                  "(lower the learning rate, clip gradients, or catch this error to skip the batch).")

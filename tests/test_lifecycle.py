@@ -140,6 +140,32 @@ def test_a_gradient_beyond_the_wire_dtypes_range_is_refused_with_the_dtype_named
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("bad,problem", [
+    ("nan-lr", "its learning rate for param group 1 is nan, not a finite number >= 0"),
+    ("negative-lr", "its learning rate for param group 1 is -0.1, not a finite number >= 0"),
+    ("nan-unchecked", "its gradient holds NaN or Inf"),
+])
+def test_the_server_refuses_a_bad_push_whatever_the_workers_check(bad, problem):
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", bad, timeout=60)
+    assert result.returncode != 0
+    assert (f"hvd_dcasgd: the server refused worker 1 (MPI rank 2), push 3: {problem}; the weights are unchanged"
+            in result.stdout), result.stdout[-3000:]
+
+
+@pytest.mark.mpi
+def test_bad_pushes_can_be_skipped_and_counted(tmp_path):
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "nan-lr", "--steps", STEPS, "--out", tmp_path,
+                    env={"HVD_DCASGD_SKIP_BAD_PUSHES": "1"})
+    assert result.returncode == 0, result.stdout[-3000:]
+    refused = STEPS - 3  # worker 1's rate stays NaN from its push 3 on
+    assert f"refused pushes per worker [0, {refused}, 0]" in result.stdout, result.stdout[-2000:]
+    assert f"server: {WORKERS * STEPS - refused} updates in" in result.stdout
+    for name in ("server.pt", "worker0.pt", "worker1.pt"):
+        weights = torch.load(tmp_path / name)
+        assert torch.isfinite(weights["a"]).all() and torch.isfinite(weights["b"]).all(), name
+
+
+@pytest.mark.mpi
 def test_nan_gradient_caught_by_the_script_loses_nothing(tmp_path):
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "nan-skip", "--steps", STEPS, "--out", tmp_path)
     assert result.returncode == 0, result.stdout

@@ -311,3 +311,18 @@ def test_horovod_lr_scaling_applies_each_asynchronous_gradient_at_lr_over_size(s
     expected = torch.cat([before[:n1] - rates[0] * step[:n1], before[n1:] - rates[1] * step[n1:]])
     assert torch.allclose(server.weights, expected, atol=1e-6)
     assert [g["lr"] for g in optimizer.param_groups] == [0.3, 0.6], "the state shows the rates the workers set"
+
+
+def test_a_sync_round_without_a_refused_push_averages_the_others(monkeypatch):
+    monkeypatch.setenv("HVD_DCASGD_SKIP_BAD_PUSHES", "1")
+    server, _, reference, reference_optimizer, _ = _server("sgd", "sync")
+    gradients = [_push(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(WORKERS)]
+    server.messages[1].gradient[0] = float("inf")
+    before = server.weights.clone()
+    server.apply_round(list(range(WORKERS)))
+    mean = (gradients[0] + gradients[2]) / 2
+    n1 = sum(p.numel() for p in reference.fc1.parameters())
+    expected = torch.cat([before[:n1] - 0.1 * mean[:n1], before[n1:] - 0.05 * mean[n1:]])
+    assert torch.allclose(server.weights, expected, atol=1e-6)
+    assert server.telemetry.refused == [0, 1, 0] and server.updates == 1
+    assert torch.equal(server.outboxes[1], before), "the refused worker gets the weights as they were"

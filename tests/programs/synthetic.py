@@ -82,7 +82,8 @@ def parse_args(argv=None):
     parser.add_argument("--after-shutdown", action="store_true", help="try to step after shutdown")
     parser.add_argument("--out", default=None, help="folder for final weights and a start report")
     parser.add_argument("--bad", default=None, choices=["shape", "name", "dtype", "mode", "lambda", "compression",
-                                                        "groups", "schedule", "nan", "nan-skip", "fp16-overflow"])
+                                                        "groups", "schedule", "nan", "nan-skip", "fp16-overflow",
+                                                        "nan-lr", "negative-lr", "nan-unchecked"])
     return parser.parse_args(argv)
 
 
@@ -111,6 +112,7 @@ def main():
         schedule="sync" if args.bad == "schedule" and odd else None,
         lr_scaling=args.lr_scaling,
         model=None if args.no_model else model,
+        check_finite=args.bad != "nan-unchecked",
     )
     start = {"rank": hvd.rank(), "a": model.a.detach().tolist()[:4], "frozen": model.frozen.tolist()}
     if args.restore and hvd.rank() == 0:
@@ -127,6 +129,10 @@ def main():
         optimizer.zero_grad()
         backward_passes(model, hvd.rank(), k, args)
         if args.bad in ("nan", "nan-skip") and hvd.rank() == 1 and k == 3:
+            model.b.grad[0] = float("nan")
+        if args.bad in ("nan-lr", "negative-lr") and hvd.rank() == 1 and k == 3:
+            optimizer.param_groups[1]["lr"] = float("nan") if args.bad == "nan-lr" else -0.1
+        if args.bad == "nan-unchecked" and hvd.rank() == 1 and k == 3:  # the worker's own check is off
             model.b.grad[0] = float("nan")
         if args.bad == "fp16-overflow" and hvd.rank() == 1 and k == 3:
             model.b.grad[0] = 1e5  # finite, beyond float16's largest value (65504)

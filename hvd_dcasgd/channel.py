@@ -22,6 +22,7 @@ from typing import List, Tuple
 import numpy as np
 
 from .errors import HvdDcasgdError
+from .stall import StallWatch, stall_warning_seconds
 from .transport import Backoff, ControlWords, Mailboxes
 
 WORDS_PER_WORKER = 3
@@ -54,10 +55,16 @@ class WorkerChannel:
         self.control.store(_word(self.worker, PUSHED), self.pushes)
 
     def pull(self, out: np.ndarray) -> None:
-        """Wait until the server answered the last push, then read the outbox."""
+        """Wait until the server answered the last push, then read the outbox;
+        a wait past ``HVD_DCASGD_STALL_WARNING`` seconds is said out loud."""
         backoff = Backoff()
+        watch = None
         while self.control.load(_word(self.worker, REPLIED)) < self.pushes:
             backoff.wait()
+            if backoff.idle > backoff.spins:  # not a quick answer: look at the clock
+                watch = watch or StallWatch([f"worker {self.worker}: the server (MPI rank {self.control.owner})"],
+                                            stall_warning_seconds())
+                watch.check([True], f"has not answered push {self.pushes - 1}")
         self.mailboxes.get_outbox(self.worker, out)
 
     def leave(self) -> None:

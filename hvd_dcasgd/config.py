@@ -75,6 +75,9 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_SKIP_BAD_PUSHES", "1: the server skips (and counts) a push whose learning rate is not a "
              "finite number >= 0 or whose gradient is not finite; 0 (default): it ends the job naming the worker",
              _choice("0", "1")),
+    Variable("HVD_DCASGD_STALL_WARNING", "seconds of silence after which the server names a worker that has not "
+             "pushed, and a worker names the server that has not answered (default 60; 0: never)",
+             _non_negative_number),
     Variable("HVD_DCASGD_TRACE", "a path: the server writes one JSON line per applied gradient"),
     Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),
     Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device (default: CUDA when it has one, else the CPU)"),

@@ -28,6 +28,7 @@ from .config import setting
 from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from .staging import Staging
+from .stall import StallWatch
 from .telemetry import Telemetry
 from .tensors import all_finite, snapshot
 from .transport import Backoff
@@ -269,14 +270,19 @@ class ParameterServer:
         self.update.state.check(state["compensation_state"])
 
     # --- the loop ---------------------------------------------------------
-    def serve(self, between_polls: Callable[[], None] = lambda: None) -> None:
+    def serve(self, between_polls: Callable[[], None] = lambda: None, watch: Optional[StallWatch] = None) -> None:
         """Answer pushes until every worker has left, then close the session.
-        ``between_polls`` runs on every turn of the loop (control requests)."""
+        ``between_polls`` runs on every turn of the loop (control requests);
+        ``watch`` names the workers that stay silent too long."""
         synchronous = self.compensation.schedule == "sync"
         backoff = Backoff(max_sleep=1e-4)
         while True:
             between_polls()
             ready, left = self.channel.poll()
+            if watch is not None:
+                for m in ready:
+                    watch.heard(m)
+                watch.check([not (left[m] or m in ready) for m in range(self.channel.num_workers)])
             if synchronous:
                 active = [m for m in range(self.channel.num_workers) if not left[m]]
                 if active and all(m in ready for m in active):

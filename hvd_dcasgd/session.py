@@ -25,13 +25,15 @@ from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, trained_parameters, untrained_state
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
+from .stall import StallWatch, stall_warning_seconds
 from .telemetry import Telemetry
 from .tensors import broadcast_, snapshot, to_cpu
 from .worker import Worker
 
 
-def _describe(layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype) -> Dict[str, Any]:
-    return {"layout": layout, "compensation": asdict(compensation), "wire": str(wire_dtype).replace("torch.", "")}
+def _describe(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype) -> Dict[str, Any]:
+    return {"layout": layout, "compensation": asdict(compensation), "wire": str(wire_dtype).replace("torch.", ""),
+            "host": rt.mpi.Get_processor_name()}
 
 
 def _disagreements(server: Dict[str, Any], workers: List[Dict[str, Any]]) -> List[str]:
@@ -64,13 +66,17 @@ def _disagreements(server: Dict[str, Any], workers: List[Dict[str, Any]]) -> Lis
     return problems
 
 
-def agree(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype) -> None:
-    """Raise the same clear error on every rank unless all ranks agree."""
-    gathered = rt.world.gather(_describe(layout, compensation, wire_dtype), root=0)
+def agree(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype) -> List[str]:
+    """Raise the same clear error on every rank unless all ranks agree.
+    Returns (on the server) each worker's name for messages: index, MPI rank, host."""
+    gathered = rt.world.gather(_describe(rt, layout, compensation, wire_dtype), root=0)
     problems = _disagreements(gathered[0], gathered[1:]) if rt.role == SERVER else None
     problems = rt.world.bcast(problems, root=0)
     if problems:
         raise HvdDcasgdError("\n".join(problems), collective=True)
+    if rt.role != SERVER:
+        return []
+    return [f"worker {m} (MPI rank {m + 1}, host {d['host']})" for m, d in enumerate(gathered[1:])]
 
 
 def _extras(model: Optional[torch.nn.Module], optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
@@ -254,14 +260,14 @@ def run_server(
     trace_path: Optional[str],
 ) -> None:
     """Serve the workers until they all leave, finish, and exit with status 0."""
-    agree(rt, layout, compensation, wire_dtype)
+    names = agree(rt, layout, compensation, wire_dtype)
     extras = _extras(model, optimizer)
     server = open_server(rt.world, optimizer, layout, compensation, num_workers=rt.num_workers,
                          wire_dtype=wire_dtype, device=device, telemetry=Telemetry(rt.num_workers, trace_path),
                          extras=extras)
     broadcast_(rt.world, [server.weights, *extras.values()], root=0)
     rt.session = ServerSession(rt, server)
-    server.serve(ControlRequests(rt, server).answer)
+    server.serve(ControlRequests(rt, server).answer, StallWatch(names, stall_warning_seconds()))
     session, rt.session = rt.session, None
     session.finish()
     sys.exit(0)

@@ -66,17 +66,17 @@ class Backoff:
     def __init__(self, max_sleep: float = 1e-3, spins: int = 20):
         self.max_sleep = max_sleep
         self.spins = spins
-        self._idle = 0
+        self.idle = 0  # waits since the last reset
 
     def reset(self) -> None:
-        self._idle = 0
+        self.idle = 0
 
     def wait(self) -> None:
-        self._idle += 1
-        if self._idle <= self.spins:
+        self.idle += 1
+        if self.idle <= self.spins:
             time.sleep(0)
         else:
-            time.sleep(min(self.max_sleep, 1e-5 * 2 ** min(self._idle - self.spins, 10)))
+            time.sleep(min(self.max_sleep, 1e-5 * 2 ** min(self.idle - self.spins, 10)))
 
 
 class ControlWords:

@@ -2,6 +2,7 @@
 every rank, uneven workers, one-process runs, and bad launches failing fast."""
 
 import json
+import re
 import sys
 
 import pytest
@@ -150,6 +151,22 @@ def test_the_server_refuses_a_bad_push_whatever_the_workers_check(bad, problem):
     assert result.returncode != 0
     assert (f"hvd_dcasgd: the server refused worker 1 (MPI rank 2), push 3: {problem}; the weights are unchanged"
             in result.stdout), result.stdout[-3000:]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["adaptive", "sync"])
+def test_no_stall_is_silent(mode):
+    """Worker 1 stops for 3.5 s: the server names it; in sync the others
+    wait for the server's answer meanwhile, and say so."""
+    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "stall", "--compensation", mode,
+                    env={"HVD_DCASGD_STALL_WARNING": "1"}, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:]
+    named = re.findall(r"HvdDcasgdWarning: hvd_dcasgd: worker 1 \(MPI rank 2, host \S+\) has not pushed for (\d+) s",
+                       result.stdout)
+    assert len(named) >= 2 and int(named[-1]) >= 2, result.stdout[-3000:]  # repeated while the silence lasts
+    assert "worker 0 (MPI rank 1" not in result.stdout and "worker 2 (MPI rank 3" not in result.stdout
+    waiting = re.findall(r"worker (\d): the server \(MPI rank 0\) has not answered push 3 for", result.stdout)
+    assert (sorted(set(waiting)) == ["0", "2"]) == (mode == "sync"), result.stdout[-3000:]
 
 
 @pytest.mark.mpi

@@ -11,6 +11,7 @@ import argparse
 import atexit
 import json
 import os
+import time
 
 import torch
 
@@ -83,7 +84,7 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=None, help="folder for final weights and a start report")
     parser.add_argument("--bad", default=None, choices=["shape", "name", "dtype", "mode", "lambda", "compression",
                                                         "groups", "schedule", "nan", "nan-skip", "fp16-overflow",
-                                                        "nan-lr", "negative-lr", "nan-unchecked"])
+                                                        "nan-lr", "negative-lr", "nan-unchecked", "stall"])
     return parser.parse_args(argv)
 
 
@@ -132,6 +133,8 @@ def main():
             model.b.grad[0] = float("nan")
         if args.bad in ("nan-lr", "negative-lr") and hvd.rank() == 1 and k == 3:
             optimizer.param_groups[1]["lr"] = float("nan") if args.bad == "nan-lr" else -0.1
+        if args.bad == "stall" and hvd.rank() == 1 and k == 3:  # a hung data loader
+            time.sleep(3.5)
         if args.bad == "nan-unchecked" and hvd.rank() == 1 and k == 3:  # the worker's own check is off
             model.b.grad[0] = float("nan")
         if args.bad == "fp16-overflow" and hvd.rank() == 1 and k == 3:

@@ -1,0 +1,52 @@
+"""No stall is silent: who has been quiet for how long, said out loud.
+
+The server keeps, for every worker that has not left, the time of its last
+push; a worker that owes a push (it is not waiting for an answer) and has
+been silent for ``HVD_DCASGD_STALL_WARNING`` seconds (60 by default, as
+Horovod's stall check; 0 turns the warnings off) is named in a warning,
+repeated at that interval while the silence lasts.  A worker waiting for the
+server's answer warns the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, List, Optional, Sequence
+
+from .config import setting
+from .errors import warn
+
+__all__ = ["StallWatch", "stall_warning_seconds"]
+
+
+def stall_warning_seconds() -> Optional[float]:
+    """``HVD_DCASGD_STALL_WARNING`` in seconds (default 60), or ``None`` when 0 turns it off."""
+    seconds = setting("HVD_DCASGD_STALL_WARNING")
+    seconds = 60.0 if seconds is None else seconds
+    return seconds or None
+
+
+class StallWatch:
+    """The time each of ``names`` was last heard from, and a warning for
+    each one silent for ``warn_after`` seconds (again every ``warn_after``)."""
+
+    def __init__(self, names: Sequence[str], warn_after: Optional[float],
+                 clock: Callable[[], float] = time.monotonic):
+        self.names, self.warn_after, self.clock = list(names), warn_after, clock
+        now = clock()
+        self.last: List[float] = [now] * len(names)
+        self.warned: List[float] = [now] * len(names)
+
+    def heard(self, index: int) -> None:
+        self.last[index] = self.warned[index] = self.clock()
+
+    def check(self, owes: Sequence[bool], what: str = "has not pushed") -> None:
+        """Warn about each ``index`` that ``owes`` something and has been silent too long."""
+        if self.warn_after is None:
+            return
+        now = self.clock()
+        for index, owing in enumerate(owes):
+            if owing and now - self.warned[index] >= self.warn_after:
+                self.warned[index] = now
+                warn(f"{self.names[index]} {what} for {now - self.last[index]:.0f} s "
+                     "(a hung data loader, a wedged device, a dead process?)", stacklevel=4)

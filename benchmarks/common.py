@@ -23,7 +23,7 @@ def single_rank_server(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """A ParameterServer over real MPI windows on this rank alone (COMM_SELF)."""
     layout = ModelLayout.of(optimizer, model.named_parameters())
     server = open_server(load_mpi().COMM_SELF, optimizer, layout, Compensation(mode), num_workers=workers,
-                         device=device)
+                         device=device, checked_by_workers=[True] * workers)  # as in a job: workers check_finite
     for message in server.messages:
         message.gradient.normal_()
         message.lrs.fill_(1e-3)

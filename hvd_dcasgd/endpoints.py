@@ -9,7 +9,7 @@ session (over every rank), the simulator, the benchmarks and the tests (over
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -72,6 +72,7 @@ def open_server(
     staged: Optional[bool] = None,
     extras: Optional[Dict[str, torch.Tensor]] = None,
     update_path: Optional[str] = None,
+    checked_by_workers: Optional[Sequence[bool]] = None,
     owner: int = 0,
 ) -> ParameterServer:
     """A :class:`ParameterServer` for ``num_workers`` workers on rank
@@ -83,7 +84,7 @@ def open_server(
     channel = ServerChannel(control, mailboxes, num_workers)
     telemetry = Telemetry(num_workers) if telemetry is None else telemetry
     return ParameterServer(optimizer, layout, compensation, channel, wire_dtype, device, telemetry, staged=staged,
-                           extras=extras, update_path=update_path)
+                           extras=extras, update_path=update_path, checked_by_workers=checked_by_workers)
 
 
 def open_worker(

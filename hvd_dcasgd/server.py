@@ -53,6 +53,7 @@ class ParameterServer:
         staged: Optional[bool] = None,
         extras: Optional[Dict[str, torch.Tensor]] = None,
         update_path: Optional[str] = None,
+        checked_by_workers: Optional[Sequence[bool]] = None,
     ):
         """``channel`` (and the windows it owns) becomes the server's.
         ``extras`` is the rest of the model's state by name (buffers, frozen
@@ -60,7 +61,11 @@ class ParameterServer:
         the model and the backups on ``device`` and moves messages through
         bounce buffers; the default, and the only way on a GPU, is to stage
         exactly when ``device`` is not the CPU.  ``update_path`` overrides
-        the update's path (see :func:`.update.default_update_path`)."""
+        the update's path (see :func:`.update.default_update_path`).
+        ``checked_by_workers[m]`` says that worker m refuses non-finite
+        gradients itself before sending (``check_finite``, the default): the
+        server then spares the extra pass over its gradients; it checks
+        every learning rate, and every other worker's gradients."""
         self.optimizer = optimizer
         self.layout = layout
         self.compensation = compensation
@@ -94,6 +99,7 @@ class ParameterServer:
         self.update = ServerUpdate(optimizer, layout, compensation, self.weights, self.grad, num_workers,
                                    staged=self.staging is not None, path=update_path)
         self.extras = extras or {}
+        self.checked_by_workers = list(checked_by_workers or [False] * num_workers)
 
     # --- one update -----------------------------------------------------
     def _wire_gradient(self, worker: int) -> torch.Tensor:
@@ -120,7 +126,7 @@ class ParameterServer:
         for group, lr in enumerate(message.lrs.tolist()):
             if not (math.isfinite(lr) and lr >= 0):
                 return f"its learning rate for param group {group} is {lr}, not a finite number >= 0"
-        if not all_finite(message.gradient):
+        if not self.checked_by_workers[worker] and not all_finite(message.gradient):
             return "its gradient holds NaN or Inf"
         return None
 

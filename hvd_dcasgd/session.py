@@ -31,9 +31,10 @@ from .tensors import broadcast_, snapshot, to_cpu
 from .worker import Worker
 
 
-def _describe(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype) -> Dict[str, Any]:
+def _describe(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype,
+              check_finite: bool) -> Dict[str, Any]:
     return {"layout": layout, "compensation": asdict(compensation), "wire": str(wire_dtype).replace("torch.", ""),
-            "host": rt.mpi.Get_processor_name()}
+            "host": rt.mpi.Get_processor_name(), "check_finite": check_finite}
 
 
 def _disagreements(server: Dict[str, Any], workers: List[Dict[str, Any]]) -> List[str]:
@@ -66,17 +67,19 @@ def _disagreements(server: Dict[str, Any], workers: List[Dict[str, Any]]) -> Lis
     return problems
 
 
-def agree(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype) -> List[str]:
+def agree(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype,
+          check_finite: bool = False) -> List[Dict[str, Any]]:
     """Raise the same clear error on every rank unless all ranks agree.
-    Returns (on the server) each worker's name for messages: index, MPI rank, host."""
-    gathered = rt.world.gather(_describe(rt, layout, compensation, wire_dtype), root=0)
+    Returns (on the server) each worker's description: its ``name`` for
+    messages (index, MPI rank, host) and whether it checks its gradients."""
+    gathered = rt.world.gather(_describe(rt, layout, compensation, wire_dtype, check_finite), root=0)
     problems = _disagreements(gathered[0], gathered[1:]) if rt.role == SERVER else None
     problems = rt.world.bcast(problems, root=0)
     if problems:
         raise HvdDcasgdError("\n".join(problems), collective=True)
     if rt.role != SERVER:
         return []
-    return [f"worker {m} (MPI rank {m + 1}, host {d['host']})" for m, d in enumerate(gathered[1:])]
+    return [{**d, "name": f"worker {m} (MPI rank {m + 1}, host {d['host']})"} for m, d in enumerate(gathered[1:])]
 
 
 def _extras(model: Optional[torch.nn.Module], optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
@@ -260,14 +263,14 @@ def run_server(
     trace_path: Optional[str],
 ) -> None:
     """Serve the workers until they all leave, finish, and exit with status 0."""
-    names = agree(rt, layout, compensation, wire_dtype)
+    workers = agree(rt, layout, compensation, wire_dtype)
     extras = _extras(model, optimizer)
     server = open_server(rt.world, optimizer, layout, compensation, num_workers=rt.num_workers,
                          wire_dtype=wire_dtype, device=device, telemetry=Telemetry(rt.num_workers, trace_path),
-                         extras=extras)
+                         extras=extras, checked_by_workers=[w["check_finite"] for w in workers])
     broadcast_(rt.world, [server.weights, *extras.values()], root=0)
     rt.session = ServerSession(rt, server)
-    server.serve(ControlRequests(rt, server).answer, StallWatch(names, stall_warning_seconds()))
+    server.serve(ControlRequests(rt, server).answer, StallWatch([w["name"] for w in workers], stall_warning_seconds()))
     session, rt.session = rt.session, None
     session.finish()
     sys.exit(0)
@@ -283,7 +286,7 @@ def start_worker(
     check_finite: bool,
 ) -> WorkerSession:
     """Join the session and load the server's initial weights and buffers."""
-    agree(rt, layout, compensation, wire_dtype)
+    agree(rt, layout, compensation, wire_dtype, check_finite)
     extras = _extras(model, optimizer)
     worker = open_worker(rt.world, optimizer, layout, worker=rt.worker_rank, num_workers=rt.num_workers,
                          wire_dtype=wire_dtype, check_finite=check_finite)

@@ -183,8 +183,9 @@ class ServerSession:
         final_exchange(self.rt, list(server.extras.values()), server.weights, snapshot(server.optimizer.state_dict()),
                        server.free)
         print(server.telemetry.summary(), file=sys.stderr, flush=True)
-        if setting("HVD_DCASGD_SUMMARY"):
-            server.telemetry.write_summary(setting("HVD_DCASGD_SUMMARY"))
+        summary = setting("HVD_DCASGD_SUMMARY")
+        if summary:
+            server.telemetry.write_summary(summary)
 
 
 class WorkerSession:

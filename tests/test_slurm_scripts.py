@@ -42,13 +42,22 @@ def stand_ins(tmp_path):
     return tmp_path
 
 
+def submit(script, stand_ins, *args, **env):
+    """``bash slurm/SCRIPT ARGS`` with the stand-ins first on PATH, in a
+    3-task allocation unless ``env`` says otherwise; the scripts' own
+    defaults, not this machine's MPI settings."""
+    env = {"PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": "srun",
+           "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "3",
+           **dict.fromkeys(("OMPI_MCA_osc", "OMPI_MCA_btl", "OMPI_MCA_pml", "HVD_DCASGD_HOROVOD", "OMP_NUM_THREADS"),
+                           ""),
+           **env}
+    return run(["bash", ROOT / "slurm" / script, *args], env=env, timeout=30)
+
+
 def batch(script, stand_ins, launcher, **extra):
-    env = {"PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": launcher,
-           "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "5",
-           "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_CPUS_PER_TASK": "2", **extra}
-    for name in ("OMPI_MCA_osc", "OMPI_MCA_btl", "OMPI_MCA_pml", "HVD_DCASGD_HOROVOD", "OMP_NUM_THREADS"):
-        env.setdefault(name, "")  # the scripts' defaults, not this machine's settings
-    result = run(["bash", ROOT / "slurm" / script], env={k: v for k, v in env.items()}, timeout=30)
+    """A successful dry run of SCRIPT as a 5-task, 2-node job with 2 CPUs per task; what it printed."""
+    result = submit(script, stand_ins, HVD_DCASGD_LAUNCHER=launcher, SLURM_NTASKS="5", SLURM_JOB_NUM_NODES="2",
+                    SLURM_JOB_NODELIST="node[1-2]", SLURM_CPUS_PER_TASK="2", **extra)
     assert result.returncode == 0, result.stdout
     return result.stdout
 
@@ -94,9 +103,7 @@ def test_the_script_given_arguments_runs_them(stand_ins):
     out = batch("one_node.sbatch", stand_ins, "srun")
     assert "--epochs 30" in out
     python = stand_ins / "venv" / "bin" / "python"
-    env = {"PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": "srun",
-           "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "3"}
-    result = run(["bash", ROOT / "slurm" / "one_node.sbatch", "other.py", "--x", "1"], env=env, timeout=30)
+    result = submit("one_node.sbatch", stand_ins, "other.py", "--x", "1")
     assert f"srun --mpi=pmix --kill-on-bad-exit=1 {python} other.py --x 1" in result.stdout, result.stdout
 
 
@@ -106,7 +113,5 @@ def test_the_script_given_arguments_runs_them(stand_ins):
     ({"HVD_DCASGD_VENV": "/nowhere"}, "no Python at /nowhere/bin/python"),
 ])
 def test_bad_settings_say_one_sentence(stand_ins, env, sentence):
-    base = {"PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": "srun",
-            "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "3"}
-    result = run(["bash", ROOT / "slurm" / "multi_node.sbatch"], env={**base, **env}, timeout=30)
+    result = submit("multi_node.sbatch", stand_ins, **env)
     assert result.returncode == 1 and f"multi_node.sbatch: {sentence}" in result.stdout, result.stdout

@@ -2,8 +2,13 @@
 
 Per worker j the control window holds three words -- ``pushed`` (how many
 gradients j has published), ``replied`` (how many the server has answered) and
-``left`` (j has finished training) -- and one global ``closed`` word, set by
-the server when every worker has left.
+``left`` (j has finished training) -- then three global words: ``stop`` (a
+rank was asked to stop: preemption), ``heartbeat`` (the server's loop counts
+it up about twice a second, so a waiting worker can tell a slow answer from a
+server that is gone) and ``closed``, set by the server when every worker has
+left.  Two high bits of ``replied`` carry the server's news with the answer
+itself: :data:`STOP_BIT` (stop after this step) and :data:`DROPPED_BIT` (this
+worker was silent too long and no longer takes part).
 
 A push is: Put the message into inbox j, flush, then atomically store
 ``pushed = k``.  Because the flag is flushed after the data, the server never
@@ -17,21 +22,30 @@ exactly once.
 
 from __future__ import annotations
 
+import time
 from typing import List, Tuple
 
 import numpy as np
 
 from .errors import HvdDcasgdError
-from .stall import StallWatch, stall_warning_seconds
+from .exits import SERVER_SILENT, WORKER_DROPPED
+from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .transport import Backoff, ControlWords, Mailboxes
 
 WORDS_PER_WORKER = 3
 PUSHED, REPLIED, LEFT = range(WORDS_PER_WORKER)
+GLOBAL_WORDS = 3
+STOP, HEARTBEAT, CLOSED = range(-GLOBAL_WORDS, 0)  # from the end of the window
+
+#: Bits of a ``replied`` word above the count of answers.
+STOP_BIT, DROPPED_BIT = 1 << 61, 1 << 62
+COUNT_MASK = (1 << 61) - 1
+HEARTBEAT_SECONDS = 0.5
 
 
 def control_words(num_workers: int) -> int:
     """Size of the control window for ``num_workers`` workers."""
-    return num_workers * WORDS_PER_WORKER + 1
+    return num_workers * WORDS_PER_WORKER + GLOBAL_WORDS
 
 
 def _word(worker: int, field: int) -> int:
@@ -46,7 +60,11 @@ class WorkerChannel:
         self.mailboxes = mailboxes
         self.worker = worker
         self.pushes = 0
-        self._closed_word = control.count - 1
+        self.stopping = False  # the server's last answer said: stop after this step
+        self._global = lambda word: control.count + word
+        self._server = f"the server (MPI rank {control.owner})"
+        self._timeout = stall_timeout_seconds()
+        self._beat, self._beat_seen, self._beat_read = -1, 0.0, 0.0  # the last heartbeat, when it moved, when read
 
     def push(self, message: np.ndarray) -> None:
         """Deliver ``message`` to the inbox, then announce it."""
@@ -55,27 +73,72 @@ class WorkerChannel:
         self.control.store(_word(self.worker, PUSHED), self.pushes)
 
     def pull(self, out: np.ndarray) -> None:
-        """Wait until the server answered the last push, then read the outbox;
-        a wait past ``HVD_DCASGD_STALL_WARNING`` seconds is said out loud."""
+        """Wait until the server answered the last push, then read the outbox.
+        A wait past ``HVD_DCASGD_STALL_WARNING`` seconds is said out loud; a
+        server silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds, or an answer
+        that says this worker was dropped, raises."""
         backoff = Backoff()
         watch = None
-        while self.control.load(_word(self.worker, REPLIED)) < self.pushes:
+        while True:
+            replied = self.control.load(_word(self.worker, REPLIED))
+            if replied & DROPPED_BIT:
+                raise self._dropped()
+            if replied & COUNT_MASK >= self.pushes:
+                break
             backoff.wait()
             if backoff.idle > backoff.spins:  # not a quick answer: look at the clock
-                watch = watch or StallWatch([f"worker {self.worker}: the server (MPI rank {self.control.owner})"],
-                                            stall_warning_seconds())
+                watch = watch or StallWatch([f"worker {self.worker}: {self._server}"], stall_warning_seconds())
                 watch.check([True], f"has not answered push {self.pushes - 1}")
+                self._check_server_alive()
+        self.stopping = bool(replied & STOP_BIT)
         self.mailboxes.get_outbox(self.worker, out)
+
+    def ask_to_stop(self) -> None:
+        """Ask the server to stop the session (this rank was told to stop)."""
+        self.control.store(self._global(STOP), 1)
 
     def leave(self) -> None:
         """Tell the server this worker will push no more."""
         self.control.store(_word(self.worker, LEFT), 1)
 
     def wait_closed(self) -> None:
-        """Wait (sleeping, not spinning) until the server closed the session."""
+        """Wait (sleeping, not spinning) until the server closed the session;
+        raise if the server is silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds."""
         backoff = Backoff(max_sleep=1e-2)
-        while not self.control.load(self._closed_word):
+        while not self.control.load(self._global(CLOSED)):
             backoff.wait()
+            self._check_server_alive()
+
+    def dropped_workers(self) -> List[int]:
+        """After the session closed: the workers the server dropped."""
+        words = self.control.load_all()[: -GLOBAL_WORDS].reshape(-1, WORDS_PER_WORKER)
+        return [int(m) for m in np.flatnonzero(words[:, REPLIED] & DROPPED_BIT)]
+
+    def _dropped(self) -> HvdDcasgdError:
+        error = HvdDcasgdError(f"hvd_dcasgd: worker {self.worker} was dropped by the server after "
+                               f"{self._timeout:g} s without a push (HVD_DCASGD_STALL_TIMEOUT); the others "
+                               "carried on without it.")
+        error.status = WORKER_DROPPED
+        return error
+
+    def _check_server_alive(self) -> None:
+        """Raise when the server's heartbeat has not moved for the timeout
+        (read at most every :data:`HEARTBEAT_SECONDS`)."""
+        if self._timeout is None:
+            return
+        now = time.monotonic()
+        if now - self._beat_read < HEARTBEAT_SECONDS:
+            return
+        self._beat_read = now
+        beat = self.control.load(self._global(HEARTBEAT))
+        if beat != self._beat:
+            self._beat, self._beat_seen = beat, now
+        elif now - self._beat_seen >= self._timeout:
+            error = HvdDcasgdError(f"hvd_dcasgd: worker {self.worker}: {self._server} has not answered for "
+                                   f"{now - self._beat_seen:.0f} s (HVD_DCASGD_STALL_TIMEOUT={self._timeout:g}); "
+                                   "ending the job.")
+            error.status = SERVER_SILENT
+            raise error
 
     def free(self) -> None:
         """Free both windows (collective, with the server's :meth:`ServerChannel.free`)."""
@@ -90,33 +153,53 @@ class ServerChannel:
         self.mailboxes = mailboxes
         self.num_workers = num_workers
         self.answered = np.zeros(num_workers, dtype=np.int64)
+        self.dropped = [False] * num_workers
+        self.stop_asked = False  # a worker asked to stop (its STOP word)
         self._words = np.empty(control.count, dtype=np.int64)
+        self._beats, self._beat_at = 0, 0.0
 
     def poll(self) -> Tuple[List[int], List[bool]]:
-        """Workers with an unanswered push, and which workers have left.
+        """Workers with an unanswered push, and which workers have left
+        (a dropped worker counts as having left, and is never ready).
 
         One atomic read of every control word, then a memory barrier so that the
         inboxes read next hold what was flushed before the flags.
         """
+        self._heartbeat()
         words = self.control.load_all(self._words)
-        per_worker = words[:-1].reshape(self.num_workers, WORDS_PER_WORKER)
+        per_worker = words[:-GLOBAL_WORDS].reshape(self.num_workers, WORDS_PER_WORKER)
+        self.stop_asked = self.stop_asked or bool(words[STOP])
         pushed = per_worker[:, PUSHED]
         if np.any(pushed > self.answered + 1):
             raise HvdDcasgdError(f"hvd_dcasgd: protocol violation, pushes {pushed} answered {self.answered}")
-        ready = [int(j) for j in np.flatnonzero(pushed > self.answered)]
+        ready = [int(j) for j in np.flatnonzero(pushed > self.answered) if not self.dropped[j]]
         if ready:
             self.mailboxes.sync()
-        return ready, [bool(x) for x in per_worker[:, LEFT]]
+        return ready, [bool(x) or d for x, d in zip(per_worker[:, LEFT], self.dropped)]
 
-    def reply(self, worker: int) -> None:
-        """Publish ``worker``'s outbox, which the caller has just written."""
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        if now - self._beat_at >= HEARTBEAT_SECONDS:
+            self._beats += 1
+            self._beat_at = now
+            self.control.store(self.control.count + HEARTBEAT, self._beats)
+
+    def reply(self, worker: int, stop: bool = False) -> None:
+        """Publish ``worker``'s outbox, which the caller has just written;
+        with ``stop``, tell it to stop after this step."""
         self.mailboxes.sync()
         self.answered[worker] += 1
-        self.control.store(_word(worker, REPLIED), int(self.answered[worker]))
+        self.control.store(_word(worker, REPLIED), int(self.answered[worker]) | (STOP_BIT if stop else 0))
+
+    def drop(self, worker: int) -> None:
+        """Stop waiting for ``worker``: it counts as having left, its pushes
+        are never read again, and its next wait for an answer raises."""
+        self.dropped[worker] = True
+        self.control.store(_word(worker, REPLIED), int(self.answered[worker]) | DROPPED_BIT)
 
     def close(self) -> None:
         """Tell every worker that the session is over."""
-        self.control.store(self.control.count - 1, 1)
+        self.control.store(self.control.count + CLOSED, 1)
 
     def free(self) -> None:
         """Free both windows (collective, with every worker's :meth:`WorkerChannel.free`)."""

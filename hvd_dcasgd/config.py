@@ -78,6 +78,14 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_STALL_WARNING", "seconds of silence after which the server names a worker that has not "
              "pushed, and a worker names the server that has not answered (default 60; 0: never)",
              _non_negative_number),
+    Variable("HVD_DCASGD_STALL_TIMEOUT", "seconds of silence after which the server drops a worker (the others "
+             "finish without it, then the job ends with status 69 naming it) and a worker ends the job naming a "
+             "silent server (status 68); unset or 0 (default): never", _non_negative_number),
+    Variable("HVD_DCASGD_CHECKPOINT_DIR", "a folder: the server writes checkpoints of the whole training state there "
+             "(the last two kept) and a job started again with the same folder resumes from the newest; overrides "
+             "DistributedOptimizer(checkpoint_dir=...)"),
+    Variable("HVD_DCASGD_CHECKPOINT_INTERVAL", "seconds between the server's checkpoints (default 600; 0: only when "
+             "the job is preempted and at the end)", _non_negative_number),
     Variable("HVD_DCASGD_TRACE", "a path: the server writes one JSON line per applied gradient"),
     Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),
     Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device (default: CUDA when it has one, else the CPU)"),

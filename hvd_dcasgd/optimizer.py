@@ -22,6 +22,7 @@ from .compensation import COMPENSATIONS, MODES, SCHEDULES, Compensation
 from .compression import Compression, Compressor
 from .config import setting
 from .errors import HvdDcasgdError, HvdDcasgdValueError
+from .exits import rendezvous
 from .horovod import require_horovod
 from .layout import ModelLayout
 from .mpi_ops import Adasum, Average, Sum
@@ -42,6 +43,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).__init__(params)
         self.backward_passes_per_step = backward_passes_per_step
         self._session = None
+        self._local_steps = 0
         self._passes = {}
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._count_pass)
@@ -93,18 +95,29 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._passes.clear()
         if self._session is None:
             super(self.__class__, self).step()
+            self._local_steps += 1
         elif self._session.finished:
             raise HvdDcasgdError("hvd_dcasgd: training has ended (hvd.shutdown() ran); this optimizer can no longer step")
         else:
-            self._session.worker.exchange()
+            self._session.exchange()
         return loss
 
+    @property
+    def pushes(self) -> int:
+        """How many of this worker's gradients the server has taken, counting
+        the jobs this one resumes (0 on a fresh start): a resumed script skips
+        that many steps of its data.  Counts steps when training locally."""
+        if self._session is not None:
+            return self._session.pushes
+        return self._local_steps
 
     def state_dict(self):
         """While training, the server's optimizer state (its optimizer is the
-        one that steps), so that a checkpoint saved on a worker is complete."""
+        one that steps), so that a checkpoint saved on a worker is complete;
+        the model is brought to the server's weights of the same moment (a
+        pull), so ``model.state_dict()`` and this belong together."""
         if self._session is not None and not self._session.finished:
-            return self._session.requests.ask({"kind": "optimizer_state"})
+            return self._session.snapshot()
         return super(self.__class__, self).state_dict()
 
     def load_state_dict(self, state_dict) -> None:
@@ -180,6 +193,7 @@ def DistributedOptimizer(
     schedule: Optional[str] = None,
     backend: Optional[str] = None,
     lr_scaling: str = "horovod",
+    checkpoint_dir: Optional[str] = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for asynchronous training with delay compensation.
 
@@ -229,12 +243,22 @@ def DistributedOptimizer(
             schedule applies it as given.  ``"none"``: every gradient at the
             rate as given (scripts written for asynchronous SGD, the paper's
             setting).  ``HVD_DCASGD_LR_SCALING`` overrides it.
+        checkpoint_dir: a folder where the server writes checkpoints of the
+            whole training state (every ``HVD_DCASGD_CHECKPOINT_INTERVAL``
+            seconds, when the job is asked to stop, and at the end; the last
+            two kept); a job started again with the same folder resumes from
+            the newest, each worker from the weights it last received, and
+            ``optimizer.pushes`` says how many steps to skip.
+            ``HVD_DCASGD_CHECKPOINT_DIR`` overrides it.
     """
     rt = runtime()
     if rt.session is not None:
         raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
     compensation, schedule, backend = resolve_method(compensation, schedule, backend)
     method = method_name(compensation, schedule, backend)
+    if rt.role != LOCAL and not rt.joined:
+        rendezvous(rt.world, rt.mpi)  # a rank that exited instead is named, never waited for
+        rt.joined = True
     _agree_on_method(rt, method)
     if backend == "horovod":
         return _horovod_optimizer(
@@ -262,7 +286,8 @@ def DistributedOptimizer(
     wire_dtype = compression.wire(layout.dtype)
     if rt.role == SERVER:
         trace = setting("HVD_DCASGD_TRACE") or trace
-        run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(server_device), trace)
+        run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(server_device), trace,
+                   checkpoint_dir)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, backward_passes_per_step)
     wrapped.compensation = settings

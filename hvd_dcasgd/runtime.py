@@ -13,12 +13,14 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, Tuple
 
 if TYPE_CHECKING:
     import torch
 
+from . import exits, preemption
 from .errors import HvdDcasgdError, warn
 from .horovod import start_horovod
 from .mpi import MpiUnavailable, load_mpi
@@ -63,6 +65,8 @@ class Runtime:
     horovod_off: Optional[str] = None  # why Horovod is not running, where it is not
     join_counter: Any = None  # arrivals at join() when Horovod is not running
     cross: Any = None  # the workers with this worker's local rank, one per node (Horovod's cross_rank/size)
+    joined: bool = False  # this rank reached the start of a training session with every other rank
+    ending: Optional[Callable[[], None]] = None  # how this rank must end at exit (a worker was dropped)
 
 
 _runtime: Optional[Runtime] = None
@@ -149,23 +153,25 @@ def _start(comm: Any) -> None:
                 _runtime.join_counter = Counter(comm=workers)
             except mpi.Exception:  # no one-sided support here: the optimizer explains why, join() says so
                 pass
-    atexit.register(shutdown)
-    sys.excepthook = _abort_on_uncaught(sys.excepthook, world)
+    atexit.register(_at_exit)
+    sys.excepthook = exits.abort_on_uncaught(sys.excepthook, world)
+    threading.excepthook = exits.abort_on_thread_exception(world)
+    preemption.install(lambda: _runtime is not None and _runtime.session is not None)
 
 
-def _abort_on_uncaught(previous, world):
-    """An uncaught exception on one rank would leave the others waiting for it
-    forever: print it, then abort the whole job with a non-zero status.  An
-    error every rank raised together needs no abort."""
-
-    def hook(kind, value, traceback):
-        previous(kind, value, traceback)
-        if not getattr(value, "collective", False):
-            sys.stderr.flush()
-            sys.stdout.flush()
-            world.Abort(1)
-
-    return hook
+def _at_exit() -> None:
+    """This rank is exiting.  Before the training session started: tell the
+    others, which would wait for it forever.  Then end the session
+    (:func:`shutdown`); after a worker was dropped, end the job."""
+    rt = _runtime
+    if rt is None:
+        return
+    if not rt.joined and rt.role != LOCAL:
+        exits.announce_departure(rt.world, "exited (sys.exit, an exception it caught, or the end of its script) "
+                                           "before DistributedOptimizer")
+    shutdown()
+    if rt.ending is not None:
+        rt.ending()
 
 
 def runtime() -> Runtime:
@@ -187,7 +193,7 @@ def shutdown() -> None:
     if _runtime.session is not None:
         session, _runtime.session = _runtime.session, None
         session.finish()
-    if _runtime.join_counter is not None:
+    if _runtime.join_counter is not None and _runtime.ending is None:  # collective with every worker
         counter, _runtime.join_counter = _runtime.join_counter, None
         counter.free()
 

@@ -18,24 +18,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from .channel import ServerChannel
+from .checkpoints import Checkpoints
 from .compensation import Compensation
 from .config import setting
 from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from .staging import Staging
-from .stall import StallWatch
+from .errors import warn
+from .stall import StallWatch, stall_timeout_seconds
 from .telemetry import Telemetry
 from .tensors import all_finite, snapshot
 from .transport import Backoff
 from .update import ServerUpdate
 
 #: The version of :meth:`ParameterServer.state_dict`'s format.
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 
 
 class ParameterServer:
@@ -100,6 +102,7 @@ class ParameterServer:
                                    staged=self.staging is not None, path=update_path)
         self.extras = extras or {}
         self.checked_by_workers = list(checked_by_workers or [False] * num_workers)
+        self.stopped_at: Optional[int] = None  # the update at which the session was asked to stop
 
     # --- one update -----------------------------------------------------
     def _wire_gradient(self, worker: int) -> torch.Tensor:
@@ -235,6 +238,7 @@ class ParameterServer:
             "updates": self.updates,
             "sent_at": list(self.sent_at),
             "pushes": list(self.telemetry.pushes),
+            "refused": list(self.telemetry.refused),
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -255,12 +259,18 @@ class ParameterServer:
         self.updates = int(state["updates"])
         self.sent_at = [int(n) for n in state["sent_at"]]
         self.telemetry.pushes = [int(n) for n in state["pushes"]]
+        self.telemetry.refused = [int(n) for n in state["refused"]]
+        self.telemetry.updates = self.updates
 
     def _check_state(self, state: Dict[str, Any]) -> None:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise HvdDcasgdValueError(f"hvd_dcasgd: not a server state of format {STATE_FORMAT} (found {found!r})")
         mine, theirs = self.settings(), state["settings"]
+        if theirs.get("num_workers") != mine["num_workers"]:
+            raise HvdDcasgdValueError(f"hvd_dcasgd: the state was saved by a job with {theirs.get('num_workers')} "
+                                      f"workers and this one has {mine['num_workers']}; resume with the same number "
+                                      "of workers (changing it on resume is not supported)")
         different = [k for k in mine if k != "wire_dtype" and mine[k] != theirs.get(k)]
         if different:
             key = different[0]
@@ -275,33 +285,66 @@ class ParameterServer:
                                           f"the server's is {list(self.extras[name].shape)}")
         self.update.state.check(state["compensation_state"])
 
+    def checkpoint(self, checkpoints: Checkpoints) -> Any:
+        """Write a checkpoint of everything the server holds (between two
+        updates), the trace up to it first; its path."""
+        self.telemetry.flush()
+        return checkpoints.write(self.state_dict())
+
+    def snapshot_for(self, worker: int) -> Dict[str, Any]:
+        """The optimizer's state now, and the weights of the same moment sent
+        to ``worker`` (its backup from now on): a consistent pair to save."""
+        self.backups[worker].copy_(self.weights)
+        self._send(worker)
+        self.channel.mailboxes.sync()
+        self.telemetry.note_sent(worker, self.updates)
+        return snapshot(self.optimizer.state_dict())
+
     # --- the loop ---------------------------------------------------------
-    def serve(self, between_polls: Callable[[], None] = lambda: None, watch: Optional[StallWatch] = None) -> None:
-        """Answer pushes until every worker has left, then close the session.
-        ``between_polls`` runs on every turn of the loop (control requests);
-        ``watch`` names the workers that stay silent too long."""
+    def serve(self, between_polls: Callable[[], None] = lambda: None, watch: Optional[StallWatch] = None,
+              checkpoints: Optional[Checkpoints] = None, stop: Callable[[], bool] = lambda: False) -> None:
+        """Answer pushes until every worker has left (or was dropped), then
+        close the session.
+
+        Arguments:
+            between_polls: runs on every turn of the loop (control requests).
+            watch: names the workers that stay silent too long; with
+                ``HVD_DCASGD_STALL_TIMEOUT`` a worker silent that long is dropped.
+            checkpoints: where periodic checkpoints go, between two updates.
+            stop: says that this rank was asked to stop (preemption).  From the
+                first poll that sees a stop (this rank's or a worker's), the
+                pushes already in the inboxes are applied, later ones are
+                answered "stop" and not applied.
+        """
         synchronous = self.compensation.schedule == "sync"
+        timeout = stall_timeout_seconds()
         backoff = Backoff(max_sleep=1e-4)
         while True:
             between_polls()
             ready, left = self.channel.poll()
             if watch is not None:
-                for m in ready:
-                    watch.heard(m)
-                watch.check([not (left[m] or m in ready) for m in range(self.channel.num_workers)])
-            if synchronous:
+                self._watch(watch, ready, left, timeout)
+            stopping_now = self.stopped_at is None and (self.channel.stop_asked or stop())
+            if self.stopped_at is not None:  # nothing more is applied
+                answered = ready
+            elif synchronous:
                 active = [m for m in range(self.channel.num_workers) if not left[m]]
                 if active and all(m in ready for m in active):
                     self.apply_round(active)
-                    for m in active:
-                        self.channel.reply(m)
+                    answered = active
                 else:
-                    ready = []
+                    answered = ready if stopping_now else []
             else:
                 for m in ready:
                     self.apply(m)
-                    self.channel.reply(m)
-            if ready:
+                answered = ready
+            for m in answered:
+                self.channel.reply(m, stop=self.stopped_at is not None or stopping_now)
+            if stopping_now:
+                self.stopped_at = self.updates
+            if checkpoints is not None and self.stopped_at is None and checkpoints.is_due():
+                self.checkpoint(checkpoints)
+            if answered:
                 backoff.reset()
             elif all(left):
                 break
@@ -310,6 +353,18 @@ class ParameterServer:
         self.channel.close()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _watch(self, watch: StallWatch, ready: Sequence[int], left: List[bool], timeout: Optional[float]) -> None:
+        """Warn about silent workers; drop the ones silent past ``timeout``."""
+        for m in ready:
+            watch.heard(m)
+        owes = [not (left[m] or m in ready) for m in range(self.channel.num_workers)]
+        watch.check(owes)
+        for m in watch.silent_past(owes, timeout):
+            self.channel.drop(m)
+            left[m] = True
+            warn(f"{watch.names[m]} has not pushed for {timeout:g} s (HVD_DCASGD_STALL_TIMEOUT): dropped; the "
+                 "other workers carry on without it", stacklevel=3)
 
     def free(self) -> None:
         """Free the windows (collective over the communicator they were

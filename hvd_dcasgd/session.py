@@ -2,11 +2,16 @@
 
 Start: every rank describes its model and settings; the server checks that
 they agree (a mismatch is an error on every rank, never a hang), opens the
-windows and broadcasts its initial weights and the rest of the model's state
-(buffers, frozen parameters).  End: buffers that differ between workers
-(BatchNorm statistics) are combined -- floating-point ones averaged, integer
-counters summed -- and shared with the server, and the server's final weights
-are broadcast, so a model saved on any rank evaluates alike.
+windows, resumes from the newest checkpoint if there is one, and broadcasts
+its weights and the rest of the model's state (buffers, frozen parameters);
+a resumed worker then takes its own backup, the weights it last received.
+End: buffers that differ between workers (BatchNorm statistics) are combined
+-- floating-point ones averaged, integer counters summed -- and shared with
+the server, the server's final weights are broadcast, so a model saved on any
+rank evaluates alike, and the server writes its last checkpoint.  If the
+server dropped a silent worker, the end runs among the others only, and the
+job then ends with status 69 naming it; if the job was asked to stop, it ends
+with status 75 (preempted) once the checkpoint is written.
 """
 
 from __future__ import annotations
@@ -18,14 +23,17 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from . import preemption
+from .checkpoints import Checkpoints
 from .compensation import Compensation
 from .config import setting
 from .endpoints import open_server, open_worker
 from .errors import HvdDcasgdError, HvdDcasgdValueError
+from .exits import PREEMPTED, WORKER_DROPPED, abort, flush
 from .layout import ModelLayout, trained_parameters, untrained_state
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
-from .stall import StallWatch, stall_warning_seconds
+from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .telemetry import Telemetry
 from .tensors import broadcast_, snapshot, to_cpu
 from .worker import Worker
@@ -88,22 +96,22 @@ def _extras(model: Optional[torch.nn.Module], optimizer: torch.optim.Optimizer) 
     return untrained_state(model, trained_parameters(optimizer))
 
 
-def combine_buffers(rt: Runtime, buffers: List[torch.Tensor]) -> None:
-    """Among the workers: where a buffer differs between workers, average it
-    (floating point: BatchNorm statistics) or sum it (integers: counters);
-    where it is the same everywhere (frozen parameters), leave it alone."""
-    mpi = rt.mpi
+def combine_buffers(mpi: Any, workers: Any, buffers: List[torch.Tensor]) -> None:
+    """Among ``workers`` (a communicator of workers): where a buffer differs
+    between them, average it (floating point: BatchNorm statistics) or sum it
+    (integers: counters); where it is the same everywhere (frozen
+    parameters), leave it alone."""
     for buffer in buffers:
         wide = torch.float64 if buffer.is_floating_point() else torch.int64
         host = buffer.detach().to("cpu", dtype=wide, copy=True).contiguous()
         low, high = host.clone(), host.clone()
-        rt.workers.Allreduce(mpi.IN_PLACE, low.numpy(), op=mpi.MIN)
-        rt.workers.Allreduce(mpi.IN_PLACE, high.numpy(), op=mpi.MAX)
+        workers.Allreduce(mpi.IN_PLACE, low.numpy(), op=mpi.MIN)
+        workers.Allreduce(mpi.IN_PLACE, high.numpy(), op=mpi.MAX)
         if torch.equal(low, high):
             continue
-        rt.workers.Allreduce(mpi.IN_PLACE, host.numpy(), op=mpi.SUM)
+        workers.Allreduce(mpi.IN_PLACE, host.numpy(), op=mpi.SUM)
         if buffer.is_floating_point():
-            host.div_(rt.num_workers)
+            host.div_(workers.Get_size())
         with torch.no_grad():
             buffer.copy_(host)
 
@@ -135,6 +143,8 @@ class ControlRequests:
             return self.server.load_optimizer_state(request["state"])
         if kind == "optimizer_state":
             return to_cpu(self.server.optimizer.state_dict())
+        if kind == "snapshot":
+            return self.server.snapshot_for(int(request["worker"]))
         raise HvdDcasgdValueError(f"unknown request {kind!r}")
 
     def answer(self) -> None:
@@ -151,17 +161,43 @@ class ControlRequests:
             self.rt.world.send(reply, dest=source, tag=CONTROL_TAG)
 
 
-def final_exchange(rt: Runtime, extras: List[torch.Tensor], weights: torch.Tensor,
+def final_exchange(comm: Any, extras: List[torch.Tensor], weights: torch.Tensor,
                    optimizer_state: Optional[Dict[str, Any]], free: Callable[[], None]) -> Dict[str, Any]:
-    """The end of a session, run by every rank: the same collectives in the
-    same order on both sides, so they cannot drift apart.  The workers'
-    combined buffers come from worker 0 (world rank 1), the server's final
-    weights and optimizer state from rank 0; then the windows are freed."""
-    broadcast_(rt.world, extras, root=1)
-    broadcast_(rt.world, [weights], root=0)
-    optimizer_state = rt.world.bcast(optimizer_state, root=0)
+    """The end of a session, run by every rank of ``comm`` (the server at
+    rank 0, then the workers): the same collectives in the same order on both
+    sides, so they cannot drift apart.  The workers' combined buffers come
+    from the first worker (rank 1), the server's final weights and optimizer
+    state from rank 0; then ``free`` releases the windows."""
+    broadcast_(comm, extras, root=1)
+    broadcast_(comm, [weights], root=0)
+    optimizer_state = comm.bcast(optimizer_state, root=0)
     free()
     return optimizer_state
+
+
+def survivors(rt: Runtime, dropped: List[int]) -> Tuple[Any, Any]:
+    """The communicator of the server and the workers not ``dropped``, and
+    the workers' part of it (``COMM_NULL`` on the server); collective over
+    those ranks only, so a dropped worker need not take part."""
+    ranks = [0] + [m + 1 for m in range(rt.num_workers) if m not in dropped]
+    group = rt.world.Get_group().Incl(ranks)
+    comm = rt.world.Create_group(group, tag=CONTROL_TAG)
+    group.Free()
+    workers = comm.Split(rt.mpi.UNDEFINED if rt.role == SERVER else 1, comm.Get_rank())
+    return comm, workers
+
+
+def end_without_dropped(rt: Runtime, comm: Any, sentence: str) -> None:
+    """Once every rank of ``comm`` has come here (the healthy workers at
+    exit, after their script's last line), the server ends the job, the
+    dropped workers included, with status 69 and ``sentence``.  Never returns."""
+    everyone = comm.Ibarrier()
+    while not everyone.Test():
+        time.sleep(0.01)
+    if rt.role == SERVER:
+        abort(rt.world, sentence, WORKER_DROPPED)
+    time.sleep(30)  # the server's abort ends this process
+    abort(rt.world, None, WORKER_DROPPED)
 
 
 class ServerSession:
@@ -169,8 +205,10 @@ class ServerSession:
 
     server_holds_weights = True
 
-    def __init__(self, rt: Runtime, server: ParameterServer):
-        self.rt, self.server = rt, server
+    def __init__(self, rt: Runtime, server: ParameterServer, names: List[str],
+                 checkpoints: Optional[Checkpoints] = None):
+        self.rt, self.server, self.names, self.checkpoints = rt, server, names, checkpoints
+        self.last_checkpoint = None
 
     def restore_on_server(self, items: List[Tuple[str, torch.Tensor]]) -> None:
         """Nothing to do: the collectives take no part on the server."""
@@ -178,14 +216,50 @@ class ServerSession:
     def register_buffers(self, tensors: List[torch.Tensor]) -> None:
         """Nothing to do: the workers combine their buffers among themselves."""
 
+    def serve(self) -> None:
+        self.server.serve(ControlRequests(self.rt, self.server).answer,
+                          StallWatch(self.names, stall_warning_seconds()), self.checkpoints,
+                          stop=lambda: preemption.requested() is not None)
+
+    def _free(self) -> None:
+        """The last checkpoint (the buffers combined, the windows still open:
+        on the CPU the backups live in them), then free the windows."""
+        if self.checkpoints is not None:
+            self.last_checkpoint = self.server.checkpoint(self.checkpoints)
+        self.server.free()
+
     def finish(self) -> None:
-        server = self.server
-        final_exchange(self.rt, list(server.extras.values()), server.weights, snapshot(server.optimizer.state_dict()),
-                       server.free)
+        server, rt = self.server, self.rt
+        dropped = [m for m, d in enumerate(server.channel.dropped) if d]
+        comm = survivors(rt, dropped)[0] if dropped else rt.world
+        final_exchange(comm, list(server.extras.values()), server.weights, snapshot(server.optimizer.state_dict()),
+                       self._free if not dropped else self._checkpoint_only)
         print(server.telemetry.summary(), file=sys.stderr, flush=True)
         summary = setting("HVD_DCASGD_SUMMARY")
         if summary:
             server.telemetry.write_summary(summary)
+        if server.stopped_at is not None:
+            saved = f"checkpoint {self.last_checkpoint}" if self.last_checkpoint else \
+                "nothing saved (no HVD_DCASGD_CHECKPOINT_DIR)"
+            print(f"hvd_dcasgd server: stopped at update {server.stopped_at}, asked by "
+                  f"{preemption.signal_name(preemption.requested())}: {saved}; exit status {PREEMPTED} (preempted): "
+                  "run the same command again to resume.", file=sys.stderr)
+            flush()
+        if dropped:
+            names = ", ".join(self.names[m] for m in dropped)
+            end_without_dropped(rt, comm, f"hvd_dcasgd: {names} stopped pushing and was dropped after "
+                                          f"{stall_timeout_seconds():g} s (HVD_DCASGD_STALL_TIMEOUT); the other "
+                                          f"workers finished; ending the job with status {WORKER_DROPPED}.")
+
+    def _checkpoint_only(self) -> None:
+        """With a dropped worker the windows cannot be freed (that is
+        collective with it): only write the last checkpoint."""
+        if self.checkpoints is not None:
+            self.last_checkpoint = self.server.checkpoint(self.checkpoints)
+
+    @property
+    def exit_status(self) -> int:
+        return PREEMPTED if self.server.stopped_at is not None else 0
 
 
 class WorkerSession:
@@ -193,11 +267,18 @@ class WorkerSession:
 
     server_holds_weights = True  # broadcasts while training also reach the server
 
-    def __init__(self, rt: Runtime, worker: Worker, extras: Dict[str, torch.Tensor]):
+    def __init__(self, rt: Runtime, worker: Worker, extras: Dict[str, torch.Tensor], pushes_before: int = 0):
         self.rt, self.worker, self.extras = rt, worker, extras
         self.buffers: List[torch.Tensor] = list(extras.values())
         self.requests = ControlRequests(rt)
         self.finished = False
+        self.pushes_before = pushes_before  # applied before this job started (a resumed job)
+        self._asked_to_stop = False
+
+    @property
+    def pushes(self) -> int:
+        """This worker's pushes the server has taken, this job and the ones it resumes."""
+        return self.pushes_before + self.worker.channel.pushes
 
     def register_buffers(self, tensors: List[torch.Tensor]) -> None:
         """Also combine these (the non-trained entries of a state dict the
@@ -214,14 +295,46 @@ class WorkerSession:
         extras = {n: t.detach().cpu() for n, t in items if n in self.extras and t.data_ptr() not in index}
         self.requests.ask({"kind": "set_state", "params": params, "extras": extras})
 
+    def snapshot(self) -> Dict[str, Any]:
+        """The server's optimizer state, with the model brought to the weights
+        of the same moment (this worker's backup from now on)."""
+        state = self.requests.ask({"kind": "snapshot", "worker": self.worker.channel.worker})
+        channel = self.worker.channel
+        channel.mailboxes.get_outbox(channel.worker, self.worker.weight_bytes)
+        self.worker.load_weights()
+        return state
+
+    def exchange(self) -> None:
+        """One step's exchange; then stop the script if the job was asked to."""
+        self.worker.exchange()
+        signal = preemption.requested()
+        if signal is not None and not self._asked_to_stop:
+            self.worker.channel.ask_to_stop()
+            self._asked_to_stop = True
+        if signal is not None or self.worker.channel.stopping:
+            raise preemption.Preempted(
+                f"hvd_dcasgd: worker {self.worker.channel.worker} stops after push {self.pushes - 1}: the job was "
+                f"asked to stop ({preemption.signal_name(signal)}); the server saves a checkpoint.")
+
     def finish(self) -> None:
         self.finished = True
-        self.worker.channel.leave()
-        self.worker.channel.wait_closed()
-        combine_buffers(self.rt, self.buffers)
-        state = final_exchange(self.rt, list(self.extras.values()), self.worker.weights, None, self.worker.channel.free)
+        channel = self.worker.channel
+        channel.leave()
+        channel.wait_closed()
+        dropped = channel.dropped_workers()
+        if dropped:
+            comm, workers = survivors(self.rt, dropped)
+            combine_buffers(self.rt.mpi, workers, self.buffers)
+            final_exchange(comm, list(self.extras.values()), self.worker.weights, None, lambda: None)
+            self.rt.ending = lambda: end_without_dropped(self.rt, comm, "")
+            state = None
+        else:
+            combine_buffers(self.rt.mpi, self.rt.workers, self.buffers)
+            state = final_exchange(self.rt.world, list(self.extras.values()), self.worker.weights, None,
+                                   channel.free)
         self.worker.load_weights()
-        self.worker.optimizer.load_state_dict(state)
+        if state is not None:
+            self.worker.optimizer.load_state_dict(state)
 
 
 class HorovodSession:
@@ -253,6 +366,36 @@ def idle_server(rt: Runtime) -> None:
     sys.exit(0)
 
 
+def _resume(server: ParameterServer, found: Optional[Tuple[Any, Dict[str, Any]]]) -> Dict[str, Any]:
+    """Load the newest checkpoint into ``server``; what the workers need to know."""
+    if found is None:
+        return {"from": None}
+    path, state = found
+    try:
+        server.load_state_dict(state)
+    except HvdDcasgdError as exc:
+        raise HvdDcasgdError(f"{exc} (checkpoint {path}; another HVD_DCASGD_CHECKPOINT_DIR starts afresh)") from None
+    server.channel.mailboxes.sync()  # every backup is in its outbox, for the workers to read
+    print(f"hvd_dcasgd server: resuming from update {server.updates} ({path})", file=sys.stderr, flush=True)
+    return {"from": server.updates, "path": str(path),
+            "pushes": [a + r for a, r in zip(server.telemetry.pushes, server.telemetry.refused)]}
+
+
+def _on_server(rt: Runtime, attempt: Callable[[], Any]) -> Any:
+    """Run ``attempt`` on the server (its result there, ``None`` elsewhere);
+    a failure is raised on every rank alike, never a hang."""
+    result, problem = None, None
+    if rt.role == SERVER:
+        try:
+            result = attempt()
+        except HvdDcasgdError as exc:
+            problem = str(exc)
+    problem = rt.world.bcast(problem, root=0)
+    if problem:
+        raise HvdDcasgdError(problem, collective=True)
+    return result
+
+
 def run_server(
     rt: Runtime,
     optimizer: torch.optim.Optimizer,
@@ -262,19 +405,30 @@ def run_server(
     model: Optional[torch.nn.Module],
     device: torch.device,
     trace_path: Optional[str],
+    checkpoint_dir: Optional[str] = None,
 ) -> None:
-    """Serve the workers until they all leave, finish, and exit with status 0."""
+    """Serve the workers until they all leave, finish, and exit: status 0,
+    or 75 when the job was asked to stop."""
     workers = agree(rt, layout, compensation, wire_dtype)
     extras = _extras(model, optimizer)
+    checkpoints, found = _on_server(rt, lambda: _open_checkpoints(checkpoint_dir))
+    telemetry = Telemetry(rt.num_workers, trace_path, resume_from=int(found[1]["updates"]) if found else None)
     server = open_server(rt.world, optimizer, layout, compensation, num_workers=rt.num_workers,
-                         wire_dtype=wire_dtype, device=device, telemetry=Telemetry(rt.num_workers, trace_path),
+                         wire_dtype=wire_dtype, device=device, telemetry=telemetry,
                          extras=extras, checked_by_workers=[w["check_finite"] for w in workers])
+    rt.world.bcast(_on_server(rt, lambda: _resume(server, found)), root=0)
     broadcast_(rt.world, [server.weights, *extras.values()], root=0)
-    rt.session = ServerSession(rt, server)
-    server.serve(ControlRequests(rt, server).answer, StallWatch([w["name"] for w in workers], stall_warning_seconds()))
-    session, rt.session = rt.session, None
+    session = ServerSession(rt, server, [w["name"] for w in workers], checkpoints)
+    rt.session = session
+    session.serve()
+    rt.session = None
     session.finish()
-    sys.exit(0)
+    sys.exit(session.exit_status)
+
+
+def _open_checkpoints(folder: Optional[str]) -> Tuple[Optional[Checkpoints], Any]:
+    checkpoints = Checkpoints.from_settings(folder)
+    return checkpoints, (checkpoints.newest() if checkpoints is not None else None)
 
 
 def start_worker(
@@ -286,13 +440,22 @@ def start_worker(
     model: Optional[torch.nn.Module],
     check_finite: bool,
 ) -> WorkerSession:
-    """Join the session and load the server's initial weights and buffers."""
+    """Join the session and load the server's weights and buffers; in a
+    resumed job, this worker's own backup (the weights it last received)."""
     agree(rt, layout, compensation, wire_dtype, check_finite)
     extras = _extras(model, optimizer)
+    _on_server(rt, lambda: None)  # the server opens its checkpoint folder
     worker = open_worker(rt.world, optimizer, layout, worker=rt.worker_rank, num_workers=rt.num_workers,
                          wire_dtype=wire_dtype, check_finite=check_finite)
+    _on_server(rt, lambda: None)  # the server resumes
+    resume = rt.world.bcast(None, root=0)
     broadcast_(rt.world, [worker.weights, *extras.values()], root=0)
+    pushes_before = 0
+    if resume["from"] is not None:
+        channel = worker.channel
+        channel.mailboxes.get_outbox(channel.worker, worker.weight_bytes)
+        pushes_before = resume["pushes"][rt.worker_rank]
     worker.load_weights()
-    session = WorkerSession(rt, worker, extras)
+    session = WorkerSession(rt, worker, extras, pushes_before)
     rt.session = session
     return session

@@ -5,7 +5,9 @@ push; a worker that owes a push (it is not waiting for an answer) and has
 been silent for ``HVD_DCASGD_STALL_WARNING`` seconds (60 by default, as
 Horovod's stall check; 0 turns the warnings off) is named in a warning,
 repeated at that interval while the silence lasts.  A worker waiting for the
-server's answer warns the same way.
+server's answer warns the same way.  With ``HVD_DCASGD_STALL_TIMEOUT`` (off by
+default, as Horovod's stall shutdown) a worker silent that long is dropped,
+and a server silent that long ends the job.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Callable, List, Optional, Sequence
 from .config import setting
 from .errors import warn
 
-__all__ = ["StallWatch", "stall_warning_seconds"]
+__all__ = ["StallWatch", "stall_timeout_seconds", "stall_warning_seconds"]
 
 
 def stall_warning_seconds() -> Optional[float]:
@@ -24,6 +26,11 @@ def stall_warning_seconds() -> Optional[float]:
     seconds = setting("HVD_DCASGD_STALL_WARNING")
     seconds = 60.0 if seconds is None else seconds
     return seconds or None
+
+
+def stall_timeout_seconds() -> Optional[float]:
+    """``HVD_DCASGD_STALL_TIMEOUT`` in seconds, or ``None`` (unset or 0: never)."""
+    return setting("HVD_DCASGD_STALL_TIMEOUT") or None
 
 
 class StallWatch:
@@ -50,3 +57,10 @@ class StallWatch:
                 self.warned[index] = now
                 warn(f"{self.names[index]} {what} for {now - self.last[index]:.0f} s "
                      "(a hung data loader, a wedged device, a dead process?)", stacklevel=4)
+
+    def silent_past(self, owes: Sequence[bool], seconds: Optional[float]) -> List[int]:
+        """The indices that ``owes`` something and have been silent ``seconds`` or more."""
+        if seconds is None:
+            return []
+        now = self.clock()
+        return [i for i, owing in enumerate(owes) if owing and now - self.last[i] >= seconds]

@@ -8,6 +8,7 @@ update: every gradient is exactly M-1 stale with M workers in round-robin.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from typing import IO, Any, Dict, List, Optional
@@ -19,7 +20,10 @@ class Telemetry:
     """Counts every applied gradient and, with ``trace_path``, writes one JSON
     line per gradient: ``{"update": i, "worker": m, "step": k, "staleness": s}``."""
 
-    def __init__(self, num_workers: int, trace_path: Optional[str] = None):
+    def __init__(self, num_workers: int, trace_path: Optional[str] = None, resume_from: Optional[int] = None):
+        """With ``resume_from`` (a job resumed at that update) the trace goes
+        on where it was, without the lines of updates from that one on (the
+        ones a killed job applied after its last checkpoint)."""
         self.num_workers = num_workers
         self.pushes: List[int] = [0] * num_workers
         self.refused: List[int] = [0] * num_workers  # pushes the server would not apply
@@ -27,7 +31,10 @@ class Telemetry:
         self.updates = 0
         self.first: Optional[float] = None  # when the first gradient was applied
         self.last = 0.0
-        self._trace: Optional[IO[str]] = open(trace_path, "w") if trace_path else None
+        if trace_path and resume_from is not None and os.path.exists(trace_path):
+            _cut_trace(trace_path, resume_from)
+        mode = "a" if resume_from is not None else "w"
+        self._trace: Optional[IO[str]] = open(trace_path, mode) if trace_path else None
 
     def record(self, update: int, worker: int, staleness: int) -> None:
         """Note that ``worker``'s next push went into server update ``update``."""
@@ -40,6 +47,17 @@ class Telemetry:
         self.updates = max(self.updates, update + 1)
         if self._trace is not None:
             self._trace.write(json.dumps({"update": update, "worker": worker, "step": step, "staleness": staleness}) + "\n")
+
+    def note_sent(self, worker: int, update: int) -> None:
+        """Note that ``worker`` was sent the weights of ``update`` outside a push
+        (a consistent snapshot of its checkpoint): ``{"worker": m, "sent": i}``."""
+        if self._trace is not None:
+            self._trace.write(json.dumps({"worker": worker, "sent": update}) + "\n")
+
+    def flush(self) -> None:
+        """Put every trace line so far on disk (a checkpoint is about to name them)."""
+        if self._trace is not None:
+            self._trace.flush()
 
     def close(self) -> None:
         if self._trace is not None:
@@ -82,3 +100,14 @@ class Telemetry:
         """Write :meth:`summary_dict` to ``path`` as JSON, atomically."""
         summary = self.summary_dict()
         atomic_write(path, lambda out: json.dump(summary, out, indent=1))
+
+
+def _cut_trace(path: str, update: int) -> None:
+    """Keep the lines of ``path`` about updates before ``update``."""
+    def before(line: str) -> bool:
+        record = json.loads(line)
+        return record.get("update", record.get("sent", 0)) < update
+
+    with open(path) as f:
+        kept = [line for line in f if line.strip() and before(line)]
+    atomic_write(path, lambda out: out.writelines(kept))

@@ -46,7 +46,7 @@ class Worker:
                 view.copy_(p.detach())
                 p.data = view
         self._message_bytes = self.message.bytes.numpy()
-        self._weight_bytes = byte_view(self.weights)
+        self.weight_bytes = byte_view(self.weights)
 
     def pack(self) -> None:
         """Copy gradients (zeros where a parameter has none) and learning rates
@@ -85,7 +85,7 @@ class Worker:
         """Push this step's gradient and load the weights the server answers with."""
         self.pack()
         self.channel.push(self._message_bytes)
-        self.channel.pull(self._weight_bytes)
+        self.channel.pull(self.weight_bytes)
         self.load_weights()
 
     def free(self) -> None:

@@ -10,7 +10,7 @@ announces it."""
 import numpy as np
 import torch
 
-from hvd_dcasgd.channel import WORDS_PER_WORKER, ServerChannel, control_words
+from hvd_dcasgd.channel import GLOBAL_WORDS, WORDS_PER_WORKER, ServerChannel, control_words
 from hvd_dcasgd.compensation import Compensation
 from hvd_dcasgd.layout import ModelLayout, PushMessage
 from hvd_dcasgd.server import ParameterServer
@@ -32,8 +32,12 @@ class RecordingControl:
         return out
 
     def store(self, index, value):
+        if index >= self.count - GLOBAL_WORDS:  # stop, heartbeat, closed
+            if index != self.count - 2:  # the heartbeat says nothing about the order of data and flags
+                self.log.append(("stop", None, "closed")[index - self.count + GLOBAL_WORDS])
+            return
         worker, field = divmod(index, WORDS_PER_WORKER)
-        self.log.append("closed" if index == self.count - 1 else f"flag {('pushed', 'replied', 'left')[field]}[{worker}]")
+        self.log.append(f"flag {('pushed', 'replied', 'left')[field]}[{worker}]")
 
     def free(self):
         self.log.append("free")

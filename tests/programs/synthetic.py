@@ -11,6 +11,8 @@ import argparse
 import atexit
 import json
 import os
+import sys
+import threading
 import time
 
 import torch
@@ -84,7 +86,11 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=None, help="folder for final weights and a start report")
     parser.add_argument("--bad", default=None, choices=["shape", "name", "dtype", "mode", "lambda", "compression",
                                                         "groups", "schedule", "nan", "nan-skip", "fp16-overflow",
-                                                        "nan-lr", "negative-lr", "nan-unchecked", "stall"])
+                                                        "nan-lr", "negative-lr", "nan-unchecked", "stall", "hang",
+                                                        "exit-early", "exit-early-status", "raise-early",
+                                                        "thread", "atexit-raise", "server-raise"])
+    parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a slow model)")
+    parser.add_argument("--big", type=int, default=0, help="a frozen buffer of this many floats (big checkpoints)")
     return parser.parse_args(argv)
 
 
@@ -92,9 +98,22 @@ def main():
     args = parse_args()
     hvd.init()
     world_rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", "0")))
+    if args.out:  # for the tests that signal one rank
+        with open(os.path.join(args.out, f"pid{world_rank}"), "w") as f:
+            f.write(str(os.getpid()))
     torch.manual_seed(1000 + world_rank)
     odd = world_rank == 2  # the rank a --bad launch makes different
     model = Model(DIM_B + 1 if args.bad == "shape" and odd else DIM_B)
+    if args.big:
+        model.register_buffer("ballast", torch.zeros(args.big))
+    if args.bad in ("exit-early", "exit-early-status", "raise-early") and odd:  # before DistributedOptimizer
+        if args.bad == "raise-early":
+            raise ValueError("no data for this rank")
+        sys.exit(0 if args.bad == "exit-early" else 3)
+    if args.bad == "server-raise" and hvd.is_server():
+        raise RuntimeError("the server's data could not be read")
+    if args.bad == "atexit-raise":
+        atexit.register(lambda: 1 / 0)
     if args.bad == "dtype" and odd:
         model = model.double()
     named = [("z" if n == "b" and args.bad == "name" and odd else n, p) for n, p in model.named_parameters()]
@@ -126,15 +145,24 @@ def main():
     model.running.fill_(float(hvd.rank()))
     steps = args.steps * (hvd.rank() + 1) if args.uneven else args.steps
     skipped = 0
-    for k in range(steps):
+    first = optimizer.pushes  # a resumed job skips the steps the server has already taken
+    print(f"worker {hvd.rank()} starts at step {first}", flush=True)
+    for k in range(first, steps):
+        time.sleep(args.step_time)
+        if args.bad == "thread" and hvd.rank() == 1 and k == 3:
+            worker = threading.Thread(target=lambda: [][1], name="loader")
+            worker.start()
+            worker.join()
         optimizer.zero_grad()
         backward_passes(model, hvd.rank(), k, args)
         if args.bad in ("nan", "nan-skip") and hvd.rank() == 1 and k == 3:
             model.b.grad[0] = float("nan")
         if args.bad in ("nan-lr", "negative-lr") and hvd.rank() == 1 and k == 3:
             optimizer.param_groups[1]["lr"] = float("nan") if args.bad == "nan-lr" else -0.1
-        if args.bad == "stall" and hvd.rank() == 1 and k == 3:  # a hung data loader
+        if args.bad == "stall" and hvd.rank() == 1 and k == 3:  # a slow data loader
             time.sleep(3.5)
+        if args.bad == "hang" and hvd.rank() == 1 and k == 3:  # a hung data loader
+            time.sleep(600)
         if args.bad == "nan-unchecked" and hvd.rank() == 1 and k == 3:  # the worker's own check is off
             model.b.grad[0] = float("nan")
         if args.bad == "fp16-overflow" and hvd.rank() == 1 and k == 3:

@@ -1,0 +1,276 @@
+"""Faults injected into real jobs under the real ``mpirun``: stalled and
+silent ranks, preemption by signal, SIGKILL, a checkpoint killed half-written,
+ranks that leave early.  Every job runs with a timeout, so a hang fails.
+
+The strongest check of a resume: a job interrupted and resumed must end with
+exactly (bit for bit) the weights of a one-process replay of its trace with
+the server's own arithmetic (``ServerUpdate``, the same update path): nothing
+was lost, applied twice or changed at the restart.  (test_training.py checks
+the same arithmetic against the paper's formulas written out independently.)
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import PROGRAMS, ROOT, TCP
+
+from hvd_dcasgd.compensation import Compensation
+from hvd_dcasgd.layout import ModelLayout, flatten_into
+from hvd_dcasgd.update import ServerUpdate
+
+sys.path.insert(0, str(PROGRAMS))
+import synthetic  # noqa: E402
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+WORKERS = 3
+TRANSPORTS = {"shm": (), "tcp": TCP}
+
+
+class Job:
+    """One ``mpirun`` of the synthetic program in the background, its output
+    in a file, killed (its process group) if it outlives ``timeout``."""
+
+    def __init__(self, out: Path, *args, workers=WORKERS, mca=(), env=None, timeout=120, log="log"):
+        self.out, self.timeout = out, timeout
+        self.log = out / log
+        root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
+        full_env = {**os.environ, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
+        cmd = ["mpirun", *root, "--oversubscribe", "-np", str(workers + 1), *mca,
+               sys.executable, str(PROGRAMS / "synthetic.py"), "--out", str(out), *map(str, args)]
+        self.started = time.monotonic()
+        with open(self.log, "w") as log_file:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log_file, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, what, count=1) -> None:
+        """Wait until the output holds ``what`` ``count`` times (or a file ``what`` exists)."""
+        deadline = self.started + self.timeout
+        while time.monotonic() < deadline:
+            if callable(what) and what():
+                return
+            if isinstance(what, str) and self.text().count(what) >= count:
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(f"the job ended (status {self.proc.returncode}) before {what!r}:\n{self.text()[-4000:]}")
+            time.sleep(0.02)
+        self.kill()
+        pytest.fail(f"timed out waiting for {what!r}:\n{self.text()[-4000:]}")
+
+    def pid(self, world_rank: int) -> int:
+        return int((self.out / f"pid{world_rank}").read_text())
+
+    def signal_ranks(self, number, ranks=None) -> None:
+        for rank in range(WORKERS + 1) if ranks is None else ranks:
+            os.kill(self.pid(rank), number)
+
+    def wait(self) -> int:
+        try:
+            self.proc.wait(timeout=max(1.0, self.started + self.timeout - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"timed out after {self.timeout} s (a hang):\n{self.text()[-4000:]}")
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def run_job(out, *args, **kwargs):
+    job = Job(out, *args, **kwargs)
+    status = job.wait()
+    return status, job.text()
+
+
+def trace(path: Path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def replay_exactly(records, args, workers=WORKERS):
+    """The weights the server ends with, computed in one process with its own
+    update (compensation, then the optimizer's step, on one flat vector)."""
+    torch.manual_seed(1000)  # the server rank's seed: its weights are the initial ones
+    model = synthetic.Model()
+    optimizer = synthetic.make_optimizer(model, args)
+    layout = ModelLayout.of(optimizer, model.named_parameters())
+    params = [model.a, model.b]
+    weights = torch.empty(layout.numel, dtype=layout.dtype)
+    flatten_into(weights, layout.views(weights), [p.detach() for p in params])
+    grad = torch.zeros_like(weights)
+    for p, weight, g in zip(params, layout.views(weights), layout.views(grad)):
+        p.data, p.grad = weight, g
+    update = ServerUpdate(optimizer, layout, Compensation(mode=args.compensation), weights, grad, workers,
+                          staged=False)
+    backups = [weights.clone() for _ in range(workers)]
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for r in sorted(records, key=lambda r: r["update"]):
+        m = r["worker"]
+        worker_model = synthetic.Model()
+        with torch.no_grad():
+            worker_model.a.copy_(layout.views(backups[m])[0])
+            worker_model.b.copy_(layout.views(backups[m])[1])
+        synthetic.backward_passes(worker_model, m, r["step"], args)
+        gradient = torch.empty_like(weights)
+        flatten_into(gradient, layout.views(gradient), [worker_model.a.grad, worker_model.b.grad])
+        update(gradient, backups[m], m, lrs)
+        backups[m].copy_(weights)
+    return layout.views(weights)
+
+
+def check_history(records, steps):
+    """Update numbers 0..n-1 once each; every worker's steps 0..steps-1 once each, in order."""
+    assert [r["update"] for r in sorted(records, key=lambda r: r["update"])] == list(range(len(records)))
+    for m in range(WORKERS):
+        assert [r["step"] for r in records if r["worker"] == m] == list(range(steps)), m
+
+
+def check_final_weights(out, records, args):
+    a, b = replay_exactly(records, args)
+    for m in range(WORKERS):
+        final = torch.load(out / f"worker{m}.pt", weights_only=True)
+        assert torch.equal(final["a"], a) and torch.equal(final["b"], b), m
+
+
+TRAINING = ["--steps", 40, "--step-time", 0.03, "--compensation", "adaptive", "--momentum", 0.9]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_sigterm_stops_saves_and_the_same_command_resumes_exactly(tmp_path, transport):
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_TRACE": str(tmp_path / "trace")}
+    job = Job(tmp_path, *TRAINING, mca=TRANSPORTS[transport], env=env)
+    job.wait_for("starts at step 0", WORKERS)
+    time.sleep(0.5)
+    job.signal_ranks(signal.SIGTERM)  # what scancel and SLURM's preemption do
+    signalled = time.monotonic()
+    status = job.wait()
+    log = job.text()
+    assert status == 75, log
+    assert time.monotonic() - signalled < 20, log
+    assert "stopped at update" in log and "asked by SIGTERM" in log and "exit status 75 (preempted)" in log, log
+    stopped = len(trace(tmp_path / "trace"))
+    assert 0 < stopped < WORKERS * 40
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [f"checkpoint-{stopped:09d}.pt"]
+
+    status, log = run_job(tmp_path, *TRAINING, mca=TRANSPORTS[transport], env=env, log="log2")
+    assert status == 0, log
+    assert f"resuming from update {stopped}" in log, log
+    assert "starts at step 0" not in log  # each worker skipped the steps the server had taken
+    records = trace(tmp_path / "trace")
+    check_history(records, 40)  # the update numbers continue across the restart
+    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))))
+
+
+def test_sigkill_then_the_same_command_resumes_from_the_periodic_checkpoint(tmp_path):
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_TRACE": str(tmp_path / "trace"),
+           "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.2"}
+    job = Job(tmp_path, *TRAINING, env=env)
+    job.wait_for(lambda: len(list((tmp_path / "checkpoints").glob("checkpoint-*.pt"))) >= 2)
+    time.sleep(0.1)
+    job.signal_ranks(signal.SIGKILL, ranks=[2])  # one worker dies: mpirun ends the job
+    assert job.wait() != 0
+    kept = sorted((tmp_path / "checkpoints").glob("checkpoint-*.pt"))
+    assert len(kept) == 2  # the last two
+    newest = int(kept[-1].name[11:20])
+    assert len(trace(tmp_path / "trace")) >= newest  # the killed job applied pushes after it
+
+    status, log = run_job(tmp_path, *TRAINING, env=env, log="log2")
+    assert status == 0, log
+    assert f"resuming from update {newest}" in log, log
+    records = trace(tmp_path / "trace")  # cut at the checkpoint, then continued
+    check_history(records, 40)
+    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))))
+
+
+def test_a_checkpoint_killed_half_written_leaves_the_previous_one(tmp_path):
+    folder = tmp_path / "checkpoints"
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(folder), "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.5"}
+    args = ["--steps", 400, "--step-time", 0.02, "--big", 40_000_000]  # 160 MB checkpoints
+    job = Job(tmp_path, *args, env=env, timeout=180)
+    job.wait_for(lambda: len(list(folder.glob("checkpoint-*.pt"))) >= 1 and list(folder.glob(".checkpoint-*.tmp")))
+    job.signal_ranks(signal.SIGKILL, ranks=[0])  # the server, while it writes
+    assert job.wait() != 0
+    complete = list(folder.glob("checkpoint-*.pt"))
+    assert complete and list(folder.glob(".checkpoint-*.tmp"))  # killed in the middle of a write
+    for path in complete:  # what carries the name is whole
+        assert torch.load(path, weights_only=True)["format"] == 2
+
+    status, log = run_job(tmp_path, *args, env=env, timeout=180, log="log2")
+    assert status == 0, log
+    assert "resuming from update" in log
+    assert not list(folder.glob(".checkpoint-*.tmp"))
+
+
+def test_resuming_with_another_number_of_workers_or_model_is_refused(tmp_path):
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    status, log = run_job(tmp_path, "--steps", 3, env=env)
+    assert status == 0, log
+    status, log = run_job(tmp_path, "--steps", 3, env=env, workers=2, log="log2")
+    assert status != 0
+    assert "saved by a job with 3 workers and this one has 2" in log, log
+    status, log = run_job(tmp_path, "--steps", 3, "--big", 5, env=env, log="log3")
+    assert status != 0
+    assert "was saved by a server with buffers" in log and "checkpoint-" in log, log
+
+
+@pytest.mark.parametrize("schedule", ["async", "sync"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_stalled_worker_is_dropped_and_the_others_finish(tmp_path, transport, schedule):
+    env = {"HVD_DCASGD_STALL_TIMEOUT": "2", "HVD_DCASGD_SCHEDULE": schedule}
+    job = Job(tmp_path, "--bad", "hang", "--steps", 20, "--step-time", 0.02, mca=TRANSPORTS[transport], env=env)
+    status = job.wait()
+    log = job.text()
+    assert status == 69, log
+    assert "worker 1 (MPI rank 2, host" in log and "dropped after 2 s (HVD_DCASGD_STALL_TIMEOUT)" in log, log
+    for m in (0, 2):  # their code after shutdown() ran: the final weights were saved
+        assert f"worker {m} done: 20 steps" in log
+        assert (tmp_path / f"worker{m}.pt").exists()
+    assert not (tmp_path / "worker1.pt").exists()
+    final = [torch.load(tmp_path / f"worker{m}.pt", weights_only=True) for m in (0, 2)]
+    assert torch.equal(final[0]["a"], final[1]["a"])
+    assert time.monotonic() - job.started < 60  # not the stalled worker's 600 s
+
+
+def test_a_silent_server_ends_the_job_naming_it(tmp_path):
+    job = Job(tmp_path, "--steps", 200, "--step-time", 0.02, env={"HVD_DCASGD_STALL_TIMEOUT": "2"})
+    job.wait_for("starts at step 0", WORKERS)
+    job.signal_ranks(signal.SIGSTOP, ranks=[0])  # the server stops answering
+    status = job.wait()
+    log = job.text()
+    assert status == 68, log
+    assert "the server (MPI rank 0) has not answered for 2 s" in log, log
+
+
+@pytest.mark.parametrize("bad, sentence", [
+    ("exit-early", "rank 2 (worker 1) exited (sys.exit, an exception it caught, or the end of its script) before "
+                   "DistributedOptimizer, so the training session cannot start without it"),
+    ("exit-early-status", "rank 2 (worker 1) exited"),
+    ("raise-early", "rank 2 (worker 1) ended with ValueError: no data for this rank"),
+    ("server-raise", "rank 0 (the server) ended with RuntimeError: the server's data could not be read"),
+    ("thread", "rank 2 (worker 1): thread 'loader' ended with IndexError"),
+])
+def test_a_rank_that_leaves_early_ends_the_job_naming_it(tmp_path, bad, sentence):
+    status, log = run_job(tmp_path, "--bad", bad, "--steps", 6, timeout=60)
+    assert status != 0, log
+    assert sentence in log, log
+
+
+def test_an_exception_in_an_atexit_handler_is_shown_and_loses_nothing(tmp_path):
+    """Python reports an exception in an atexit handler and goes on with the
+    next one: the session still ends normally on every rank."""
+    status, log = run_job(tmp_path, "--bad", "atexit-raise", "--steps", 6, timeout=60)
+    assert status == 0, log
+    assert "ZeroDivisionError" in log
+    assert all((tmp_path / f"worker{m}.pt").exists() for m in range(WORKERS))

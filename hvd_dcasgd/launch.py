@@ -39,6 +39,10 @@ RANK_EXEC = "--rank-exec"
 NO_GPU = "none"
 # Open MPI parameters that together choose how one-sided operations travel.
 ONE_SIDED_MCA = ("pml", "btl", "osc")
+#: What this launcher does with the signals that stop a job: the first one
+#: reaches the ranks at once as SIGUSR1 (mpirun forwards SIGUSR1 straight
+#: away), a second one is passed on as it is.
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
 # Where launchers put a rank's index on its node and in the job, first match wins.
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID")
 WORLD_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
@@ -400,7 +404,7 @@ def rank_exec(argv: Sequence[str]) -> int:
 
 
 def launch(argv: Sequence[str]) -> int:
-    """Parse, check, build the command; print it (dry run) or replace this process with it."""
+    """Parse, check, build the command; print it (dry run) or run it."""
     from .config import check_environment  # here: the per-rank step runs this file by path, outside the package
 
     args = parser().parse_args(argv)
@@ -425,7 +429,29 @@ def launch(argv: Sequence[str]) -> int:
         print(f"{PROG}: {shlex.join(plan.command)}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(plan.command[0], plan.command)
+    return run_relaying_stops(plan.command)
+
+
+def run_relaying_stops(command: Sequence[str]) -> int:
+    """Run the MPI launcher and return its exit status.  The first SIGTERM,
+    SIGINT or SIGUSR1 this process gets is sent to it as SIGUSR1, which it
+    forwards to every rank at once: the ranks stop after their current step,
+    the server writes a checkpoint, and the job ends with status 75.  (Told
+    SIGTERM itself, Open MPI's mpirun would first wait, then give the ranks
+    ``odls_base_sigkill_timeout`` seconds.)  A second signal goes on as it is."""
+    import signal
+
+    child = subprocess.Popen(list(command))
+    received = []
+
+    def relay(number, frame):
+        received.append(number)
+        child.send_signal(signal.SIGUSR1 if len(received) == 1 else number)
+
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, name), relay)
+    status = child.wait()
+    return 128 - status if status < 0 else status
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

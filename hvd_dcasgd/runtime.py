@@ -36,6 +36,9 @@ class Session(Protocol):
 
     #: Whether broadcasts while training also reach the server (it holds the weights).
     server_holds_weights: bool
+    #: Whether a SIGTERM, SIGINT or SIGUSR1 stops it gracefully (the parameter
+    #: server's sessions); otherwise the signal does what it did before.
+    stops_on_signal: bool
 
     def restore_on_server(self, items: List[Tuple[str, "torch.Tensor"]]) -> None:
         """Have the server take these state-dict entries (a restored
@@ -156,7 +159,7 @@ def _start(comm: Any) -> None:
     atexit.register(_at_exit)
     sys.excepthook = exits.abort_on_uncaught(sys.excepthook, world)
     threading.excepthook = exits.abort_on_thread_exception(world)
-    preemption.install(lambda: _runtime is not None and _runtime.session is not None)
+    preemption.install(lambda: _runtime is not None and getattr(_runtime.session, "stops_on_signal", False))
 
 
 def _at_exit() -> None:

@@ -204,6 +204,7 @@ class ServerSession:
     """The server's side of a session: serve, finish, report."""
 
     server_holds_weights = True
+    stops_on_signal = True
 
     def __init__(self, rt: Runtime, server: ParameterServer, names: List[str],
                  checkpoints: Optional[Checkpoints] = None):
@@ -266,6 +267,7 @@ class WorkerSession:
     """A worker's side of a session: the exchange object, and how to finish."""
 
     server_holds_weights = True  # broadcasts while training also reach the server
+    stops_on_signal = True
 
     def __init__(self, rt: Runtime, worker: Worker, extras: Dict[str, torch.Tensor], pushes_before: int = 0):
         self.rt, self.worker, self.extras = rt, worker, extras
@@ -342,6 +344,7 @@ class HorovodSession:
     themselves; finishing only releases the idle server rank."""
 
     server_holds_weights = False
+    stops_on_signal = False  # Horovod's own optimizer steps: a signal does what it always did
 
     def __init__(self, rt: Runtime):
         self.rt = rt

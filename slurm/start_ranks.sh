@@ -18,6 +18,9 @@ fi
 [ "${SLURM_NTASKS:-0}" -ge 2 ] || die "needs at least 2 tasks (a server and a worker), got ${SLURM_NTASKS:-none}."
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
+# The server's checkpoints: one folder per job, which a requeued job (same
+# job id) finds again and resumes from.
+export HVD_DCASGD_CHECKPOINT_DIR="${HVD_DCASGD_CHECKPOINT_DIR:-$REPO/checkpoints/${SLURM_JOB_ID:-job}}"
 # Since SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task.
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 
@@ -26,7 +29,7 @@ case "$LAUNCHER" in
     srun)
         # With sbatch --gpus-per-task, srun inherits it and binds each rank to
         # its own GPUs (SLURM's implicit --gpu-bind=per_task).
-        exec srun --mpi=pmix --kill-on-bad-exit=1 "${COMMAND[@]}"
+        LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1 "${COMMAND[@]}")
         ;;
     mpirun)
         if [ -n "${SLURM_GPUS_PER_TASK:-}" ]; then
@@ -42,9 +45,34 @@ case "$LAUNCHER" in
         fi
         root=()
         if [ "$(id -u)" -eq 0 ]; then root=(--allow-run-as-root); fi
-        exec mpirun "${root[@]}" -np "$SLURM_NTASKS" "${COMMAND[@]}"
+        # Told to stop directly (scancel), mpirun waits this long before it
+        # signals the ranks and as long again before it kills them; the ranks,
+        # signalled by SLURM themselves, need the time to save a checkpoint.
+        export OMPI_MCA_odls_base_sigkill_timeout="${OMPI_MCA_odls_base_sigkill_timeout:-20}"
+        LAUNCH=(mpirun "${root[@]}" -np "$SLURM_NTASKS" "${COMMAND[@]}")
         ;;
     *)
         die "HVD_DCASGD_LAUNCHER must be srun or mpirun, not '$LAUNCHER'."
         ;;
 esac
+
+# Run the ranks, and pass a stop on to them: SLURM's advance signal (USR1, to
+# this script), or TERM/INT, reaches srun or mpirun as USR1, which both send
+# on to every rank at once.  The ranks stop after their current step, the
+# server saves a checkpoint, and the job exits with status 75 (preempted).
+ranks="" stopping=""
+stop() { stopping=1; [ -z "$ranks" ] || kill -USR1 "$ranks" 2>/dev/null || true; }
+trap stop USR1 TERM INT
+"${LAUNCH[@]}" &
+ranks=$!
+[ -z "$stopping" ] || stop  # told to stop while starting them
+while :; do
+    status=0
+    wait "$ranks" || status=$?
+    kill -0 "$ranks" 2>/dev/null || break  # a signal interrupted the wait: wait again
+done
+if [ "$status" -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+    echo "$NAME: the job was stopped and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; requeueing job $SLURM_JOB_ID, which resumes from it."
+    scontrol requeue "$SLURM_JOB_ID" || echo "$NAME: scontrol requeue $SLURM_JOB_ID failed: submit the job again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR to resume." >&2
+fi
+exit "$status"

@@ -39,14 +39,17 @@ class Job:
     """One ``mpirun`` of the synthetic program in the background, its output
     in a file, killed (its process group) if it outlives ``timeout``."""
 
-    def __init__(self, out: Path, *args, workers=WORKERS, mca=(), env=None, timeout=120, log="log"):
+    def __init__(self, out: Path, *args, workers=WORKERS, mca=(), env=None, timeout=120, log="log", launcher=False):
         self.out, self.timeout = out, timeout
         self.log = out / log
         root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
         full_env = {**os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
-        cmd = ["mpirun", *root, "--oversubscribe", "-np", str(workers + 1), *mca,
-               sys.executable, str(PROGRAMS / "synthetic.py"), "--out", str(out), *map(str, args)]
+        if launcher:  # this project's launcher, as a user runs it
+            start = [sys.executable, str(ROOT / "launch" / "hvd-dcasgd-run"), "-n", str(workers)]
+        else:
+            start = ["mpirun", *root, "--oversubscribe", "-np", str(workers + 1), *mca, sys.executable]
+        cmd = [*start, str(PROGRAMS / "synthetic.py"), "--out", str(out), *map(str, args)]
         self.started = time.monotonic()
         with open(self.log, "w") as log_file:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log_file, stderr=subprocess.STDOUT,
@@ -99,9 +102,11 @@ def trace(path: Path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def replay_exactly(records, args, workers=WORKERS):
+def replay_exactly(records, args, workers=WORKERS, at_sent=None):
     """The weights the server ends with, computed in one process with its own
-    update (compensation, then the optimizer's step, on one flat vector)."""
+    update (compensation, then the optimizer's step, on one flat vector),
+    following the trace line by line; ``at_sent(weights, optimizer)`` is
+    called where the trace says weights were sent outside a push."""
     torch.manual_seed(1000)  # the server rank's seed: its weights are the initial ones
     model = synthetic.Model()
     optimizer = synthetic.make_optimizer(model, args)
@@ -116,8 +121,13 @@ def replay_exactly(records, args, workers=WORKERS):
                           staged=False)
     backups = [weights.clone() for _ in range(workers)]
     lrs = [group["lr"] for group in optimizer.param_groups]
-    for r in sorted(records, key=lambda r: r["update"]):
+    for r in records:
         m = r["worker"]
+        if "sent" in r:  # a snapshot: the worker got the weights of this moment
+            backups[m].copy_(weights)
+            if at_sent is not None:
+                at_sent(layout.views(weights), optimizer)
+            continue
         worker_model = synthetic.Model()
         with torch.no_grad():
             worker_model.a.copy_(layout.views(backups[m])[0])
@@ -131,14 +141,15 @@ def replay_exactly(records, args, workers=WORKERS):
 
 
 def check_history(records, steps):
-    """Update numbers 0..n-1 once each; every worker's steps 0..steps-1 once each, in order."""
-    assert [r["update"] for r in sorted(records, key=lambda r: r["update"])] == list(range(len(records)))
+    """Update numbers 0..n-1 once each, in order; every worker's steps 0..steps-1 once each, in order."""
+    records = [r for r in records if "update" in r]
+    assert [r["update"] for r in records] == list(range(len(records)))
     for m in range(WORKERS):
         assert [r["step"] for r in records if r["worker"] == m] == list(range(steps)), m
 
 
-def check_final_weights(out, records, args):
-    a, b = replay_exactly(records, args)
+def check_final_weights(out, records, args, at_sent=None):
+    a, b = replay_exactly(records, args, at_sent=at_sent)
     for m in range(WORKERS):
         final = torch.load(out / f"worker{m}.pt", weights_only=True)
         assert torch.equal(final["a"], a) and torch.equal(final["b"], b), m
@@ -171,6 +182,22 @@ def test_sigterm_stops_saves_and_the_same_command_resumes_exactly(tmp_path, tran
     records = trace(tmp_path / "trace")
     check_history(records, 40)  # the update numbers continue across the restart
     check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))))
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_stops_the_job_with_a_checkpoint(tmp_path, number):
+    """SIGTERM or Ctrl-C to hvd-dcasgd-run reaches the ranks at once (as
+    SIGUSR1), not after Open MPI's kill delay; mpirun's status is passed on."""
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+    job = Job(tmp_path, *TRAINING, env=env, launcher=True)
+    job.wait_for("starts at step 0", WORKERS)
+    os.kill(job.proc.pid, number)
+    signalled = time.monotonic()
+    status = job.wait()
+    log = job.text()
+    assert status == 75, log
+    assert time.monotonic() - signalled < 20, log
+    assert "asked by SIGUSR1" in log and len(list((tmp_path / "checkpoints").glob("checkpoint-*.pt"))) == 1, log
 
 
 def test_sigkill_then_the_same_command_resumes_from_the_periodic_checkpoint(tmp_path):
@@ -211,6 +238,28 @@ def test_a_checkpoint_killed_half_written_leaves_the_previous_one(tmp_path):
     assert status == 0, log
     assert "resuming from update" in log
     assert not list(folder.glob(".checkpoint-*.tmp"))
+
+
+def test_a_checkpoint_saved_by_the_script_is_one_moment_of_the_server(tmp_path):
+    """``optimizer.state_dict()`` on a worker while training: the server's
+    optimizer state and, in the model, the weights of the same update."""
+    args = ["--steps", 12, "--compensation", "adaptive", "--momentum", 0.9, "--snapshot-at", 6]
+    status, log = run_job(tmp_path, *args, env={"HVD_DCASGD_TRACE": str(tmp_path / "trace")})
+    assert status == 0, log
+    records = trace(tmp_path / "trace")
+    assert sum("sent" in r for r in records) == 1
+    check_history(records, 12)
+    saved = torch.load(tmp_path / "snapshot.pt", weights_only=True)
+    seen = []
+
+    def compare(weights, optimizer):
+        momentum = [optimizer.state[p]["momentum_buffer"] for group in optimizer.param_groups for p in group["params"]]
+        seen.append(True)
+        assert torch.equal(saved["model"]["a"], weights[0]) and torch.equal(saved["model"]["b"], weights[1])
+        assert all(torch.equal(saved["optimizer"]["state"][i]["momentum_buffer"], m) for i, m in enumerate(momentum))
+
+    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, args))), at_sent=compare)
+    assert seen == [True]
 
 
 def test_resuming_with_another_number_of_workers_or_model_is_refused(tmp_path):

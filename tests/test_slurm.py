@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 CLUSTER = ROOT / "slurm" / "local_cluster.sh"
 #: How long a job may take, from submission to its end, on 2 busy cores.
-JOB_DEADLINE = 210
+JOB_DEADLINE = 300
 #: SLURM's job states after which nothing more happens.
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -66,6 +66,9 @@ def jobs(slurm_env, tmp_path_factory):
         "multi_node": ({"HVD_DCASGD_LAUNCHER": "mpirun"}, ["--nodes=1", "--ntasks=3"], "multi_node.sbatch", train),
         # a rank that fails must fail the job
         "failing": ({}, ["--ntasks=3"], "one_node.sbatch", ["no_such_script.py"]),
+        # stopped by SLURM's advance signal, requeued, resumed
+        "preempted": ({"HVD_DCASGD_CHECKPOINT_DIR": str(out_dir / "checkpoints")}, ["--ntasks=3"], "one_node.sbatch",
+                      ["tests/programs/synthetic.py", "--steps", "600", "--step-time", "0.05", "--out", str(out_dir)]),
     }
     submitted = {}
     for name, (extra_env, options, script, args) in plans.items():
@@ -118,3 +121,33 @@ def test_failing_rank_fails_the_job(jobs, slurm_env):
     state, exit_code, output = finished("failing", jobs, slurm_env)
     assert state == "FAILED" and exit_code != "0:0", output[-4000:]
     assert "no_such_script.py" in output, output[-4000:]
+
+
+def _wait_for(text, name, jobs, env):
+    job_id, output, submitted = jobs[name]
+    while time.monotonic() - submitted < JOB_DEADLINE:
+        if text in _read(output):
+            return
+        time.sleep(0.5)
+    _command(["scancel", job_id], env, timeout=20)
+    pytest.fail(f"SLURM job {job_id} ({name}) never printed {text!r}: cancelled\n{_read(output)[-4000:]}")
+
+
+def test_a_job_stopped_by_slurms_advance_signal_is_requeued_and_resumes(jobs, slurm_env):
+    """What ``--signal=B:USR1@60`` does before the time limit: USR1 to the
+    batch script only.  The job stops with a checkpoint, requeues itself,
+    and the same job, run again, resumes from it and completes."""
+    job_id, output, _ = jobs["preempted"]
+    _wait_for("worker 1 starts at step 0", "preempted", jobs, slurm_env)
+    time.sleep(2)
+    signalled = _command(["scancel", "--batch", "--signal=USR1", job_id], slurm_env, timeout=20)
+    assert signalled is not None and signalled.returncode == 0, signalled and signalled.stdout
+    _wait_for(f"requeueing job {job_id}", "preempted", jobs, slurm_env)
+    # SLURM holds a requeued job for about two minutes; let it start now
+    _command(["scontrol", "update", f"JobId={job_id}", "BeginTime=now"], slurm_env, timeout=20)
+    state, exit_code, text = finished("preempted", jobs, slurm_env)
+    assert (state, exit_code) == ("COMPLETED", "0:0"), text[-4000:]
+    stopped = re.search(r"stopped at update (\d+), asked by SIGUSR1", text)
+    assert stopped, text[-4000:]
+    assert f"resuming from update {stopped.group(1)}" in text, text[-4000:]
+    assert "worker 0 done: 600 steps" in text and "worker 1 done: 600 steps" in text, text[-4000:]

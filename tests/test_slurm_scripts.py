@@ -4,7 +4,9 @@ environment they were given, so what the scripts export and start is checked
 without a cluster (tests/test_slurm.py submits them to a real one)."""
 
 import os
+import signal
 import stat
+import subprocess
 
 import pytest
 
@@ -48,7 +50,8 @@ def submit(script, stand_ins, *args, **env):
     defaults, not this machine's MPI settings."""
     env = {"PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": "srun",
            "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "3",
-           **dict.fromkeys(("OMPI_MCA_osc", "OMPI_MCA_btl", "OMPI_MCA_pml", "HVD_DCASGD_HOROVOD", "OMP_NUM_THREADS"),
+           **dict.fromkeys(("OMPI_MCA_osc", "OMPI_MCA_btl", "OMPI_MCA_pml", "HVD_DCASGD_HOROVOD", "OMP_NUM_THREADS",
+                            "HVD_DCASGD_CHECKPOINT_DIR", "OMPI_MCA_odls_base_sigkill_timeout"),
                            ""),
            **env}
     return run(["bash", ROOT / "slurm" / script, *args], env=env, timeout=30)
@@ -57,7 +60,7 @@ def submit(script, stand_ins, *args, **env):
 def batch(script, stand_ins, launcher, **extra):
     """A successful dry run of SCRIPT as a 5-task, 2-node job with 2 CPUs per task; what it printed."""
     result = submit(script, stand_ins, HVD_DCASGD_LAUNCHER=launcher, SLURM_NTASKS="5", SLURM_JOB_NUM_NODES="2",
-                    SLURM_JOB_NODELIST="node[1-2]", SLURM_CPUS_PER_TASK="2", **extra)
+                    SLURM_JOB_NODELIST="node[1-2]", SLURM_CPUS_PER_TASK="2", SLURM_JOB_ID="4242", **extra)
     assert result.returncode == 0, result.stdout
     return result.stdout
 
@@ -73,6 +76,8 @@ def test_srun_branch(stand_ins, script):
     assert f"srun --mpi=pmix --kill-on-bad-exit=1 {python} examples/train_digits.py --epochs 30" in out, out
     env = exported(out)
     assert env["OMP_NUM_THREADS"] == "2" and env["SRUN_CPUS_PER_TASK"] == "2"
+    assert env["HVD_DCASGD_CHECKPOINT_DIR"] == f"{ROOT}/checkpoints/4242"  # per job: a requeued job finds it
+    assert env.get("OMPI_MCA_odls_base_sigkill_timeout", "") == ""  # srun: SLURM's KillWait applies
     if script == "multi_node.sbatch":  # TCP between nodes: osc/pt2pt, which refuses Horovod's thread level
         assert env["OMPI_MCA_osc"] == "pt2pt" and env["HVD_DCASGD_HOROVOD"] == "0"
         assert env["OMPI_MCA_btl"] == "self,vader,tcp" and env["OMPI_MCA_pml"] == "ob1"
@@ -97,6 +102,37 @@ def test_mpirun_branch_without_gpus_starts_the_script_as_it_is(stand_ins, script
     python = stand_ins / "venv" / "bin" / "python"
     assert f"-np 5 {python} examples/train_digits.py --epochs 30" in out and "bind-gpus" not in out, out
     assert "rank 0 sees GPUs '0,1,2,3'" in out, "no binding without a GPU request"
+    # told to stop by scancel, mpirun gives the ranks 20 s to save instead of Open MPI's 1 s
+    assert exported(out)["OMPI_MCA_odls_base_sigkill_timeout"] == "20"
+
+
+@pytest.mark.parametrize("status, requeued", [(75, True), (0, False), (3, False)])
+def test_a_preempted_job_requeues_itself_and_passes_the_status_on(stand_ins, status, requeued):
+    executable(stand_ins / "bin" / "srun", f"#!/bin/sh\nexit {status}\n")
+    executable(stand_ins / "bin" / "scontrol", "#!/bin/sh\necho \"scontrol $*\"\n")
+    result = submit("one_node.sbatch", stand_ins, SLURM_JOB_ID="4242")
+    assert result.returncode == status, result.stdout
+    assert ("scontrol requeue 4242" in result.stdout) == requeued, result.stdout
+    if requeued:
+        assert "one_node.sbatch: the job was stopped and saved a checkpoint in" in result.stdout
+
+
+def test_a_stop_signal_to_the_script_reaches_the_ranks_as_usr1(stand_ins):
+    """SLURM's advance signal (--signal=B:USR1@60) goes to the batch script only."""
+    executable(stand_ins / "bin" / "srun", "#!/bin/bash\ntrap 'echo ranks got USR1; exit 75' USR1\n"
+                                           "echo ranks started\nfor i in $(seq 300); do sleep 0.1; done\nexit 9\n")
+    executable(stand_ins / "bin" / "scontrol", "#!/bin/sh\necho \"scontrol $*\"\n")
+    env = {**os.environ, "PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": "srun",
+           "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "3",
+           "SLURM_JOB_ID": "7"}
+    script = subprocess.Popen(["bash", str(ROOT / "slurm" / "one_node.sbatch")], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    assert script.stdout.readline().startswith("hvd_dcasgd: 1 server + 2 workers")
+    assert script.stdout.readline() == "ranks started\n"
+    script.send_signal(signal.SIGUSR1)
+    out, _ = script.communicate(timeout=20)
+    assert script.returncode == 75, out
+    assert "ranks got USR1" in out and "scontrol requeue 7" in out, out
 
 
 def test_the_script_given_arguments_runs_them(stand_ins):

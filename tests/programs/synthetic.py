@@ -89,6 +89,7 @@ def parse_args(argv=None):
                                                         "nan-lr", "negative-lr", "nan-unchecked", "stall", "hang",
                                                         "exit-early", "exit-early-status", "raise-early",
                                                         "thread", "atexit-raise", "server-raise"])
+    parser.add_argument("--snapshot-at", type=int, default=None, help="worker 0 saves model and optimizer then")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a slow model)")
     parser.add_argument("--big", type=int, default=0, help="a frozen buffer of this many floats (big checkpoints)")
     return parser.parse_args(argv)
@@ -179,6 +180,9 @@ def main():
             if args.bad != "nan-skip":
                 raise
             skipped += 1
+        if args.snapshot_at == k and hvd.rank() == 0:  # a checkpoint saved by the script, Horovod's way
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+            torch.save(state, os.path.join(args.out, "snapshot.pt"))
         if scheduler is not None:
             scheduler.step()
         model.batches += 1

@@ -22,8 +22,11 @@ exactly once.
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -65,9 +68,13 @@ class WorkerChannel:
         self._server = f"the server (MPI rank {control.owner})"
         self._timeout = stall_timeout_seconds()
         self._beat, self._beat_seen, self._beat_read = -1, 0.0, 0.0  # the last heartbeat, when it moved, when read
+        self._waiting_since: Optional[float] = None  # in a wait for the server since then
+        if self._timeout is not None:
+            self._start_watchdog()
 
     def push(self, message: np.ndarray) -> None:
         """Deliver ``message`` to the inbox, then announce it."""
+        self._waiting_since = time.monotonic()  # until the answer is in (see _start_watchdog)
         self.mailboxes.put_inbox(self.worker, message)
         self.pushes += 1
         self.control.store(_word(self.worker, PUSHED), self.pushes)
@@ -87,11 +94,13 @@ class WorkerChannel:
                 break
             backoff.wait()
             if backoff.idle > backoff.spins:  # not a quick answer: look at the clock
-                watch = watch or StallWatch([f"worker {self.worker}: {self._server}"], stall_warning_seconds())
+                if watch is None:
+                    watch = StallWatch([f"worker {self.worker}: {self._server}"], stall_warning_seconds())
                 watch.check([True], f"has not answered push {self.pushes - 1}")
                 self._check_server_alive()
         self.stopping = bool(replied & STOP_BIT)
         self.mailboxes.get_outbox(self.worker, out)
+        self._waiting_since = None
 
     def ask_to_stop(self) -> None:
         """Ask the server to stop the session (this rank was told to stop)."""
@@ -105,9 +114,11 @@ class WorkerChannel:
         """Wait (sleeping, not spinning) until the server closed the session;
         raise if the server is silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds."""
         backoff = Backoff(max_sleep=1e-2)
+        self._waiting_since = time.monotonic()
         while not self.control.load(self._global(CLOSED)):
             backoff.wait()
             self._check_server_alive()
+        self._waiting_since = None
 
     def dropped_workers(self) -> List[int]:
         """After the session closed: the workers the server dropped."""
@@ -139,6 +150,27 @@ class WorkerChannel:
                                    "ending the job.")
             error.status = SERVER_SILENT
             raise error
+
+    def _start_watchdog(self) -> None:
+        """Where one-sided operations progress only while their target calls
+        into MPI (Open MPI's osc/pt2pt over TCP), a stopped server blocks
+        this worker inside MPI, where :meth:`_check_server_alive` cannot run:
+        a thread watches the same clock and ends this process (status 68,
+        without MPI, so that ``mpirun`` ends the job) a little later."""
+
+        def watch() -> None:
+            while True:
+                time.sleep(HEARTBEAT_SECONDS)
+                since = self._waiting_since
+                if since is None:
+                    continue
+                silent = time.monotonic() - max(since, self._beat_seen)
+                if silent >= self._timeout + 4 * HEARTBEAT_SECONDS:
+                    print(f"hvd_dcasgd: worker {self.worker}: {self._server} has not answered for {silent:.0f} s "
+                          f"(HVD_DCASGD_STALL_TIMEOUT={self._timeout:g}); ending the job.", file=sys.stderr, flush=True)
+                    os._exit(SERVER_SILENT)
+
+        threading.Thread(target=watch, name="hvd_dcasgd server watch", daemon=True).start()
 
     def free(self) -> None:
         """Free both windows (collective, with the server's :meth:`ServerChannel.free`)."""

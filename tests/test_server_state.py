@@ -82,11 +82,12 @@ def test_state_holds_every_part_and_is_a_copy():
     server = _fresh_server("sgd-momentum-wd", comp)
     _apply(server, range(4))
     state = server.state_dict()
-    assert state["format"] == 1
+    assert state["format"] == 2
     assert state["settings"]["compensation"] == {**comp.__dict__}
     assert state["settings"]["num_workers"] == WORKERS
     # pushes from workers 0, 1, 2, 1: each sent_at is the update count right after its last push
     assert state["updates"] == 4 and state["pushes"] == [1, 2, 1] and state["sent_at"] == [1, 4, 3]
+    assert state["refused"] == [0, 0, 0]
     assert len(state["backups"]) == WORKERS and len(state["compensation_state"]["mean_square"]) == WORKERS
     assert sorted(state["optimizer"]["state"]) == [0, 1, 2, 3]
     before = copy.deepcopy(state)
@@ -95,8 +96,8 @@ def test_state_holds_every_part_and_is_a_copy():
 
 
 @pytest.mark.parametrize("change,message", [
-    (lambda s: s.update(format=99), "not a server state of format 1"),
-    (lambda s: s["settings"].update(num_workers=5), "num_workers 5"),
+    (lambda s: s.update(format=99), "not a server state of format 2"),
+    (lambda s: s["settings"].update(num_workers=5), "saved by a job with 5 workers and this one has 3"),
     (lambda s: s["settings"]["compensation"].update(lambda_0=0.5), "compensation"),
     (lambda s: s["backups"].pop(), "weights and backups are shaped"),
     (lambda s: s["compensation_state"]["mean_square"].append(torch.zeros(3)), "compensation state 'mean_square'"),

@@ -68,7 +68,8 @@ def jobs(slurm_env, tmp_path_factory):
         "failing": ({}, ["--ntasks=3"], "one_node.sbatch", ["no_such_script.py"]),
         # stopped by SLURM's advance signal, requeued, resumed
         "preempted": ({"HVD_DCASGD_CHECKPOINT_DIR": str(out_dir / "checkpoints")}, ["--ntasks=3"], "one_node.sbatch",
-                      ["tests/programs/synthetic.py", "--steps", "600", "--step-time", "0.05", "--out", str(out_dir)]),
+                      ["tests/programs/synthetic.py", "--steps", "1000000", "--step-time", "0.05",
+                       "--restarted-steps", "20", "--out", str(out_dir)]),
     }
     submitted = {}
     for name, (extra_env, options, script, args) in plans.items():
@@ -136,7 +137,8 @@ def _wait_for(text, name, jobs, env):
 def test_a_job_stopped_by_slurms_advance_signal_is_requeued_and_resumes(jobs, slurm_env):
     """What ``--signal=B:USR1@60`` does before the time limit: USR1 to the
     batch script only.  The job stops with a checkpoint, requeues itself,
-    and the same job, run again, resumes from it and completes."""
+    and the same job, run again, resumes from it and completes.  (Its first
+    run would train for ever: it ends only by being stopped.)"""
     job_id, output, _ = jobs["preempted"]
     _wait_for("worker 1 starts at step 0", "preempted", jobs, slurm_env)
     time.sleep(2)
@@ -145,9 +147,14 @@ def test_a_job_stopped_by_slurms_advance_signal_is_requeued_and_resumes(jobs, sl
     _wait_for(f"requeueing job {job_id}", "preempted", jobs, slurm_env)
     # SLURM holds a requeued job for about two minutes; let it start now
     _command(["scontrol", "update", f"JobId={job_id}", "BeginTime=now"], slurm_env, timeout=20)
-    state, exit_code, text = finished("preempted", jobs, slurm_env)
+    requeued = {"preempted": (job_id, output, time.monotonic())}  # its second run's deadline starts now
+    state, exit_code, text = finished("preempted", requeued, slurm_env)
     assert (state, exit_code) == ("COMPLETED", "0:0"), text[-4000:]
     stopped = re.search(r"stopped at update (\d+), asked by SIGUSR1", text)
     assert stopped, text[-4000:]
     assert f"resuming from update {stopped.group(1)}" in text, text[-4000:]
-    assert "worker 0 done: 600 steps" in text and "worker 1 done: 600 steps" in text, text[-4000:]
+    resumed = text[text.index("resuming from update"):]
+    # each worker starts where the server had taken its pushes, and does 20 more
+    starts = [int(re.search(rf"worker {m} starts at step (\d+)", resumed).group(1)) for m in range(2)]
+    assert sum(starts) == int(stopped.group(1)), text[-4000:]
+    assert all(f"worker {m} done: {starts[m] + 20} steps" in resumed for m in range(2)), text[-4000:]

@@ -51,6 +51,11 @@ def control_words(num_workers: int) -> int:
     return num_workers * WORDS_PER_WORKER + GLOBAL_WORDS
 
 
+def _global_word(control: ControlWords, word: int) -> int:
+    """The index of global word ``word`` (:data:`STOP`, :data:`HEARTBEAT`, :data:`CLOSED`)."""
+    return control.count + word
+
+
 def _word(worker: int, field: int) -> int:
     return worker * WORDS_PER_WORKER + field
 
@@ -64,7 +69,6 @@ class WorkerChannel:
         self.worker = worker
         self.pushes = 0
         self.stopping = False  # the server's last answer said: stop after this step
-        self._global = lambda word: control.count + word
         self._server = f"the server (MPI rank {control.owner})"
         self._timeout = stall_timeout_seconds()
         self._beat, self._beat_seen, self._beat_read = -1, 0.0, 0.0  # the last heartbeat, when it moved, when read
@@ -104,7 +108,7 @@ class WorkerChannel:
 
     def ask_to_stop(self) -> None:
         """Ask the server to stop the session (this rank was told to stop)."""
-        self.control.store(self._global(STOP), 1)
+        self.control.store(_global_word(self.control, STOP), 1)
 
     def leave(self) -> None:
         """Tell the server this worker will push no more."""
@@ -115,7 +119,7 @@ class WorkerChannel:
         raise if the server is silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds."""
         backoff = Backoff(max_sleep=1e-2)
         self._waiting_since = time.monotonic()
-        while not self.control.load(self._global(CLOSED)):
+        while not self.control.load(_global_word(self.control, CLOSED)):
             backoff.wait()
             self._check_server_alive()
         self._waiting_since = None
@@ -141,15 +145,17 @@ class WorkerChannel:
         if now - self._beat_read < HEARTBEAT_SECONDS:
             return
         self._beat_read = now
-        beat = self.control.load(self._global(HEARTBEAT))
+        beat = self.control.load(_global_word(self.control, HEARTBEAT))
         if beat != self._beat:
             self._beat, self._beat_seen = beat, now
         elif now - self._beat_seen >= self._timeout:
-            error = HvdDcasgdError(f"hvd_dcasgd: worker {self.worker}: {self._server} has not answered for "
-                                   f"{now - self._beat_seen:.0f} s (HVD_DCASGD_STALL_TIMEOUT={self._timeout:g}); "
-                                   "ending the job.")
+            error = HvdDcasgdError(self._server_silent(now - self._beat_seen))
             error.status = SERVER_SILENT
             raise error
+
+    def _server_silent(self, seconds: float) -> str:
+        return (f"hvd_dcasgd: worker {self.worker}: {self._server} has not answered for {seconds:.0f} s "
+                f"(HVD_DCASGD_STALL_TIMEOUT={self._timeout:g}); ending the job.")
 
     def _start_watchdog(self) -> None:
         """Where one-sided operations progress only while their target calls
@@ -166,8 +172,7 @@ class WorkerChannel:
                     continue
                 silent = time.monotonic() - max(since, self._beat_seen)
                 if silent >= self._timeout + 4 * HEARTBEAT_SECONDS:
-                    print(f"hvd_dcasgd: worker {self.worker}: {self._server} has not answered for {silent:.0f} s "
-                          f"(HVD_DCASGD_STALL_TIMEOUT={self._timeout:g}); ending the job.", file=sys.stderr, flush=True)
+                    print(self._server_silent(silent), file=sys.stderr, flush=True)
                     os._exit(SERVER_SILENT)
 
         threading.Thread(target=watch, name="hvd_dcasgd server watch", daemon=True).start()
@@ -214,7 +219,7 @@ class ServerChannel:
         if now - self._beat_at >= HEARTBEAT_SECONDS:
             self._beats += 1
             self._beat_at = now
-            self.control.store(self.control.count + HEARTBEAT, self._beats)
+            self.control.store(_global_word(self.control, HEARTBEAT), self._beats)
 
     def reply(self, worker: int, stop: bool = False) -> None:
         """Publish ``worker``'s outbox, which the caller has just written;
@@ -231,7 +236,7 @@ class ServerChannel:
 
     def close(self) -> None:
         """Tell every worker that the session is over."""
-        self.control.store(self.control.count + CLOSED, 1)
+        self.control.store(_global_word(self.control, CLOSED), 1)
 
     def free(self) -> None:
         """Free both windows (collective, with every worker's :meth:`WorkerChannel.free`)."""

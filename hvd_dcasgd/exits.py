@@ -33,7 +33,7 @@ PREEMPTED = 75
 WORKER_DROPPED = 69
 SERVER_SILENT = 68
 
-#: The tag of a departure notice (on the runtime's ``exits`` communicator).
+#: The tag of a departure notice (on the runtime's ``world`` communicator).
 DEPARTURE_TAG = 7302
 
 

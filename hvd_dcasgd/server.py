@@ -26,10 +26,9 @@ from .channel import ServerChannel
 from .checkpoints import Checkpoints
 from .compensation import Compensation
 from .config import setting
-from .errors import HvdDcasgdError, HvdDcasgdValueError
+from .errors import HvdDcasgdError, HvdDcasgdValueError, warn
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from .staging import Staging
-from .errors import warn
 from .stall import StallWatch, stall_timeout_seconds
 from .telemetry import Telemetry
 from .tensors import all_finite, snapshot

@@ -222,11 +222,15 @@ class ServerSession:
                           StallWatch(self.names, stall_warning_seconds()), self.checkpoints,
                           stop=lambda: preemption.requested() is not None)
 
-    def _free(self) -> None:
-        """The last checkpoint (the buffers combined, the windows still open:
-        on the CPU the backups live in them), then free the windows."""
+    def _write_last_checkpoint(self) -> None:
+        """The last checkpoint: the buffers are combined, and the windows
+        still open (on the CPU the backups live in them)."""
         if self.checkpoints is not None:
             self.last_checkpoint = self.server.checkpoint(self.checkpoints)
+
+    def _free(self) -> None:
+        """The last checkpoint, then free the windows."""
+        self._write_last_checkpoint()
         self.server.free()
 
     def finish(self) -> None:
@@ -234,7 +238,8 @@ class ServerSession:
         dropped = [m for m, d in enumerate(server.channel.dropped) if d]
         comm = survivors(rt, dropped)[0] if dropped else rt.world
         final_exchange(comm, list(server.extras.values()), server.weights, snapshot(server.optimizer.state_dict()),
-                       self._free if not dropped else self._checkpoint_only)
+                       # with a dropped worker the windows cannot be freed (that is collective with it)
+                       self._free if not dropped else self._write_last_checkpoint)
         print(server.telemetry.summary(), file=sys.stderr, flush=True)
         summary = setting("HVD_DCASGD_SUMMARY")
         if summary:
@@ -251,12 +256,6 @@ class ServerSession:
             end_without_dropped(rt, comm, f"hvd_dcasgd: {names} stopped pushing and was dropped after "
                                           f"{stall_timeout_seconds():g} s (HVD_DCASGD_STALL_TIMEOUT); the other "
                                           f"workers finished; ending the job with status {WORKER_DROPPED}.")
-
-    def _checkpoint_only(self) -> None:
-        """With a dropped worker the windows cannot be freed (that is
-        collective with it): only write the last checkpoint."""
-        if self.checkpoints is not None:
-            self.last_checkpoint = self.server.checkpoint(self.checkpoints)
 
     @property
     def exit_status(self) -> int:

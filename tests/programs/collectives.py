@@ -27,6 +27,7 @@ result = {
 model.weight.grad = torch.full_like(model.weight, float(rank))
 model.bias.grad = torch.zeros_like(model.bias)
 optimizer.step()
+hvd.barrier()  # every push is applied: the snapshots below are all of one server state
 # worker 1 "restores a checkpoint": weights of its own and momentum 0.5
 state = optimizer.state_dict()  # the server's state: it is the optimizer that steps
 result["server_state_entries"] = len(state["state"])

@@ -28,7 +28,7 @@ def _model():
 
 
 def _lr(epoch):
-    return 0.2 / (1 + epoch)
+    return 0.2 / (1 + int(epoch))  # the simulator asks at fractional epochs; this rate changes once per epoch
 
 
 def _run(mode="adaptive", workers=4, delay=None, seed=0, trace=None, epochs=EPOCHS):
@@ -135,3 +135,22 @@ def test_worker_batches_cover_the_shard_once_per_epoch():
         assert sorted(seen[epoch]) == list(range(2, 103, 4))
     assert seen[0] != seen[1]
     assert steps_per_epoch(103, 2, 4, 8) == 4
+
+
+def test_a_synchronous_round_costs_the_slowest_workers_step():
+    result = _run("sync", 4, EventDriven([1.0, 1.0, 1.0, 3.0]))
+    rounds = EPOCHS * SAMPLES // BATCH // 4
+    assert result.updates == rounds and result.seconds == pytest.approx(3.0 * rounds)
+    assert result.times == pytest.approx([3.0 * rounds / EPOCHS * (e + 1) for e in range(EPOCHS)])
+
+
+def test_a_time_budget_lets_fast_workers_draw_more_batches(tmp_path):
+    until = 12.0  # virtual time: 12 steps of a fast worker, 4 of the slow one
+    train, test = _data()
+    budgeted = simulate(_model, train, test, compensation="none", workers=4, epochs=3, batch_size=BATCH, lr=_lr,
+                        delay=EventDriven([1.0, 1.0, 1.0, 3.0]), until=until, trace=tmp_path / "budget.jsonl")
+    pushes = [sum(1 for r in _trace(tmp_path / "budget.jsonl") if r["worker"] == m) for m in range(4)]
+    assert pushes == [12, 12, 12, 4], "arrivals at 1, 2, ..., 12 (fast) and 3, 6, 9, 12 (slow)"
+    assert budgeted.samples == BATCH * sum(pushes) and budgeted.seconds == until
+    assert budgeted.times == pytest.approx([4.0, 8.0, 12.0]) and len(budgeted.test_errors) == 3
+    assert pushes[0] > steps_per_epoch(SAMPLES, 0, 4, BATCH), "a fast worker goes past its shard's epoch"

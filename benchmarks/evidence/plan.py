@@ -1,27 +1,70 @@
-"""What the evidence runs: the methods, the scales, and the planned runs of a
-scale, each described by the fields its record in ``evidence.json`` keeps and
-named by a stable key (``key_of``) that says what it runs.
+"""What the evidence runs: the methods, the settings, the scales, and the
+planned runs of a scale, each described by the fields its record in
+``evidence.json`` keeps and named by a stable key (``key_of``).
 
-The plan's order is the order in which ``run.py`` starts the runs: first the
-real runs whose timings the page compares, one at a time (``Run.alone``), then
-every other run, and a run that reads another's output (a simulator replay of a
-real run's trace, ``Run.needs``) once that run is recorded.
+Planning happens in two phases.  The *tuning* runs (validation split, pilot
+seeds) come first; a method's tuned value (DC-ASGD's lambda_0, SSGD's rate
+scale) is chosen from them by ``tuned_values``, and only then are that
+method's evaluation runs planned: ``plan(scale, records)`` lists what can be
+planned from the records so far, and ``run.py`` plans again after every wave.
+
+The order is the order in which ``run.py`` starts the runs: the timed real
+runs first, one at a time (``Run.alone``), then every other run; a simulator
+replay of a real run's trace (``Run.needs``) once that run is recorded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 from tasks import TASKS
 
-#: The paper's five methods, in its table's order: (key, label).  ``sgd`` is
-#: one worker (sequential SGD); the others are compensation modes.
-METHODS = [("sgd", "SGD"), ("none", "ASGD"), ("sync", "SSGD"), ("constant", "DC-ASGD-c"), ("adaptive", "DC-ASGD-a")]
-LABELS = dict(METHODS, horovod="Horovod allreduce")
-ASYNC = ("none", "constant", "adaptive")
-DELAY_METHODS = ("none", "adaptive")  # simulated under every delay model
-STRAGGLER_METHODS = ("none", "constant", "adaptive", "sync", "horovod")  # timed with a straggler
+ASYNC = ("none", "constant", "adaptive", "staleness", "gap_aware")
+SYNC = ("ssgd", "horovod", "ssgd_paper")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A row of the tables: what the server runs and how the rate is set.
+
+    ``scale`` is the rate's multiplier as a fraction of M for the synchronous
+    methods (the rate is the sequential one times ``max(1, scale * M)``, with
+    a warm-up); ``tuned`` names the hyperparameter tuned on the validation
+    split over ``grid`` (``None``: nothing tuned)."""
+
+    key: str
+    label: str
+    mode: str  # the server's compensation mode (hvd_dcasgd's `compensation=`)
+    tuned: Optional[str] = None  # "lambda_0" or "scale"
+    grid: Tuple[float, ...] = ()
+    scale: Optional[float] = None  # fixed fraction of M (synchronous methods)
+    warmup: bool = False
+
+
+METHODS: Dict[str, Method] = {m.key: m for m in [
+    Method("sgd", "SGD (M=1)", "none"),
+    Method("none", "ASGD", "none"),
+    Method("constant", "DC-ASGD-c", "constant", "lambda_0", (0.04, 0.16, 0.64)),
+    Method("adaptive", "DC-ASGD-a", "adaptive", "lambda_0", (0.5, 2.0, 8.0)),
+    Method("staleness", "staleness-aware rate", "staleness"),
+    Method("gap_aware", "Gap-Aware", "gap_aware"),
+    Method("ssgd", "SSGD (rate x k, warm-up, k tuned)", "sync", "scale", (0.25, 0.5, 1.0), warmup=True),
+    Method("horovod", "Horovod recipe (rate x M, warm-up)", "horovod", scale=1.0, warmup=True),
+    Method("ssgd_paper", "SSGD, paper-literal (rate x 1)", "sync", scale=0.0),
+]}
+LABELS = {key: method.label for key, method in METHODS.items()}
+
+#: Delay settings: the event-driven ones are the main settings; round-robin
+#: is the paper's reference.  ``one-slow`` runs for a fixed virtual time.
+JITTER = 0.25  # log-normal sigma of a step time
+SLOWDOWN = 3.0  # the straggler's step time, in units of the others'
+DELAYS = {"event": "homogeneous, event-driven (jitter 0.25), fixed epochs",
+          "one-slow": "one worker 3x slower, event-driven (jitter 0.25), fixed virtual time",
+          "round-robin": "round-robin (every gradient M-1 updates stale), fixed epochs"}
+
+TUNING_SEEDS = (100, 101)  # the pilot's seeds: no evaluation run uses them
+STABLE_ERROR = 0.8  # a tuning run ending above this validation error (or NaN) diverged
 
 
 @dataclass(frozen=True)
@@ -31,40 +74,40 @@ class Scale:
     tasks: Tuple[str, ...]
     epochs: Optional[int]  # None: each task's own
     seeds: int
-    sim_workers: Tuple[int, ...]
-    mpi_workers: Tuple[int, ...]
+    workers: Tuple[int, ...]  # the simulator's values of M
+    tune_workers: Tuple[int, ...]  # where lambda_0 and SSGD's scale are tuned (the sweep plot)
+    main_methods: Tuple[str, ...]  # the event-driven, fixed-epochs table
+    slow_methods: Tuple[str, ...]  # with one slow worker, fixed virtual time
+    reference_methods: Tuple[str, ...]  # round-robin
+    mpi_workers: int
     mpi_seeds: int
     mpi_methods: Tuple[str, ...]
-    lambdas: Dict[str, Tuple[float, ...]]  # the sweep, besides each task's default
-    delay_models: Tuple[str, ...]  # besides round-robin, compared at the first MPI worker count
-    straggler: float  # 0: no straggler runs
-    bench: bool  # the server-bound end-to-end benchmark
+    timed_methods: Tuple[str, ...]  # real runs padded to a step time, with and without a straggler
+    timed_repeats: int
+    step_time: float  # seconds
+    timed_seconds: float  # each timed run's budget
 
     def epochs_of(self, task: str) -> int:
         return self.epochs or TASKS[task].epochs
 
-    @property
-    def sweep_workers(self) -> int:
-        """The lambda sweep's worker count: 8 where the table has it."""
-        return 8 if 8 in self.sim_workers else self.sim_workers[-1]
 
-
+ALL = tuple(METHODS)
 SCALES = {
-    "full": Scale(("digits", "mnist1d"), None, 3, (4, 8, 16), (4,), 3, tuple(m for m, _ in METHODS),
-                  {"constant": (0.01, 0.16, 0.64), "adaptive": (0.5, 1.0, 4.0)}, ("random", "heavy-tailed"),
-                  3.0, True),
-    "quick": Scale(("digits", "mnist1d"), 4, 2, (4, 8), (4,), 1, tuple(m for m, _ in METHODS),
-                   {"constant": (0.64,), "adaptive": (0.5,)}, ("random", "heavy-tailed"), 3.0, False),
+    "full": Scale(("fashion",), None, 8, (4, 8, 16, 32), (8, 16), ALL,
+                  ("none", "constant", "adaptive", "gap_aware", "ssgd", "horovod"), ("none", "constant", "adaptive"),
+                  4, 3, ALL, ("none", "adaptive", "gap_aware", "ssgd", "horovod"), 3, 0.02, 6.0),
+    "quick": Scale(("digits",), None, 4, (4, 8), (8,), ALL, ("none", "adaptive", "ssgd"), ("none", "adaptive"),
+                   4, 1, ("sgd", "none", "adaptive", "ssgd"), ("none", "ssgd"), 1, 0.02, 3.0),
     # the test suite's end-to-end check: every step, at the smallest size
-    "tiny": Scale(("digits",), 2, 1, (2,), (2,), 1, ("adaptive",), {"constant": (0.64,), "adaptive": (0.5,)},
-                  ("heavy-tailed",), 0.0, False),
+    "tiny": Scale(("digits",), 2, 2, (2,), (2,), ("sgd", "none", "adaptive", "ssgd"), ("none", "ssgd"), ("none",),
+                  2, 1, ("adaptive",), ("none", "ssgd"), 1, 0.01, 1.5),
 }
 
 
 @dataclass(frozen=True)
 class Run:
     """One planned run.  ``spec`` holds the fields of its record that say what
-    it runs (``source`` says which kind: ``simulator``, ``mpi`` or ``bench``)."""
+    it runs (``source`` says which kind: ``simulator`` or ``mpi``)."""
 
     spec: Dict
     alone: bool = False  # timed: nothing else runs meanwhile
@@ -76,82 +119,161 @@ class Run:
 
 
 def key_of(record: Dict) -> str:
-    """The run's stable name, from the fields that say what it runs, so that a
-    record written before records had keys gets the same one."""
-    if record["source"] == "bench":
-        return "bench/end-to-end"
+    """The run's stable name, from the fields that say what it runs."""
     run = f"{record['task']}/{record['method']}/M{record['workers']}/e{record['epochs']}/s{record['seed']}"
+    settings = "".join(f"/{name}={record[name]:g}" for name in ("lambda_0", "scale", "warmup")
+                       if record.get(name) is not None)
     if record["source"] == "mpi":
-        return f"mpi/{run}/x{record['straggler']:g}"
-    lambda_0 = "" if record["lambda_0"] is None else f"/lambda{record['lambda_0']:g}"
-    return f"sim/{run}/{record['delay']}{lambda_0}"
+        timing = f"/t{record['step_time']:g}x{record['straggler']:g}r{record['repeat']}" if record["step_time"] else ""
+        return f"mpi/{run}{settings}{timing}"
+    return f"sim/{run}/{record['delay']}/{record['split']}{settings}"
 
 
-def simulator_spec(task: str, method: str, workers: int, seed: int, epochs: int, lambda_0=None,
-                   delay: str = "round-robin") -> Dict:
+def warmup_epochs(epochs: int) -> float:
+    """Goyal et al.'s gradual warm-up, 5 of 90 epochs, in proportion, at least one."""
+    return max(1.0, round(epochs * 5 / 90))
+
+
+def rate_settings(method: str, workers: int, epochs: int, value: Optional[float] = None) -> Dict:
+    """The spec fields that set ``method``'s rate and compensation at
+    ``workers`` workers: ``lambda_0`` (DC-ASGD), ``scale`` (the rate's
+    multiplier) and ``warmup`` (epochs), with ``value`` for the tuned one."""
+    m = METHODS[method]
+    fields = {"lambda_0": None, "scale": 1.0, "warmup": None}
+    if m.tuned == "lambda_0":
+        fields["lambda_0"] = value
+    fraction = value if m.tuned == "scale" else m.scale
+    if fraction is not None and workers > 1:
+        fields["scale"] = float(max(1.0, fraction * workers))
+    if m.warmup and fields["scale"] > 1.0:
+        fields["warmup"] = warmup_epochs(epochs)
+    return fields
+
+
+def simulator_spec(task: str, method: str, workers: int, seed: int, epochs: int, delay: str = "event",
+                   split: str = "test", value: Optional[float] = None) -> Dict:
     """A simulator run (``trace`` is filled in when a replay runs)."""
-    lambda_0 = TASKS[task].lambda_0(method) if lambda_0 is None else lambda_0
-    return {"source": "simulator", "task": task, "method": method, "workers": 1 if method == "sgd" else workers,
-            "seed": seed, "epochs": epochs, "lambda_0": lambda_0, "delay": delay, "trace": None}
+    workers = 1 if method == "sgd" else workers
+    return {"source": "simulator", "task": task, "method": method, "workers": workers, "seed": seed,
+            "epochs": epochs, "delay": delay, "split": split, **rate_settings(method, workers, epochs, value),
+            "trace": None}
 
 
-def mpi_spec(task: str, method: str, workers: int, seed: int, epochs: int, straggler: float = 1.0) -> Dict:
-    """A real run: ``mpirun -np workers+1`` of ``train_mpi.py``."""
-    return {"source": "mpi", "task": task, "method": method, "workers": 1 if method == "sgd" else workers,
-            "seed": seed, "epochs": epochs, "straggler": straggler}
+def mpi_spec(task: str, method: str, workers: int, seed: int, epochs: int, value: Optional[float] = None,
+             step_time: float = 0.0, straggler: float = 1.0, repeat: int = 0, seconds: float = 0.0) -> Dict:
+    """A real run, ``mpirun -np workers+1 train_mpi.py``; with ``step_time``,
+    padded steps for ``seconds`` of wall-clock time."""
+    workers = 1 if method == "sgd" else workers
+    return {"source": "mpi", "task": task, "method": method, "workers": workers, "seed": seed, "epochs": epochs,
+            **rate_settings(method, workers, epochs, value), "step_time": step_time, "straggler": straggler,
+            "repeat": repeat, "seconds": seconds}
 
 
-def plan(scale: Scale) -> List[Run]:
-    """Every run of ``scale``, in the order they start, each key once."""
-    timed, untimed = real_runs(scale)
-    runs = [*timed, *([Run({"source": "bench"}, alone=True)] if scale.bench else []), *untimed,
-            *simulator_runs(scale), *replays(timed + untimed)]
+# --- tuning ---------------------------------------------------------------------
+def tuning_runs(scale: Scale) -> Iterator[Run]:
+    """Every tuned method at every grid value, on the validation split."""
+    for task in scale.tasks:
+        for method in scale.main_methods:
+            for value in METHODS[method].grid:
+                for workers in scale.tune_workers:
+                    for seed in TUNING_SEEDS:
+                        yield Run(simulator_spec(task, method, workers, seed, scale.epochs_of(task), split="validation",
+                                                 value=value))
+
+
+def tuning_errors(by_key: Dict[str, Dict], scale: Scale, task: str, method: str) -> Dict[float, List[float]]:
+    """Final validation errors of ``method``'s tuning runs, by grid value,
+    for the values whose runs are all recorded (two values may share runs:
+    at small M, fractions of M round to the same scale)."""
+    found: Dict[float, List[float]] = {}
+    for value in METHODS[method].grid:
+        keys = [key_of(simulator_spec(task, method, workers, seed, scale.epochs_of(task), split="validation",
+                                      value=value))
+                for workers in scale.tune_workers for seed in TUNING_SEEDS]
+        if all(k in by_key for k in keys):
+            found[value] = [by_key[k]["final_error"] for k in keys]
+    return found
+
+
+def tuned_values(scale: Scale, records: List[Dict]) -> Dict[Tuple[str, str], float]:
+    """(task, method) -> the chosen value, for every tuned method whose
+    tuning runs are all recorded: the value with the lowest mean validation
+    error among the stable ones (every run below ``STABLE_ERROR``); with none
+    stable, the smallest.  A grid of fractions of M caps SSGD's scale at M."""
+    by_key = {r["key"]: r for r in records if "failed" not in r}
+    chosen = {}
+    for task in scale.tasks:
+        for method in scale.main_methods:
+            grid = METHODS[method].grid
+            errors = tuning_errors(by_key, scale, task, method)
+            if not grid or len(errors) != len(grid):
+                continue
+            stable = [v for v in grid if all(e == e and e < STABLE_ERROR for e in errors[v])]
+            mean = {v: sum(errors[v]) / len(errors[v]) for v in grid}
+            chosen[task, method] = min(stable, key=lambda v: (mean[v], v)) if stable else min(grid)
+    return chosen
+
+
+# --- the plan -------------------------------------------------------------------
+def plan(scale: Scale, records: Sequence[Dict] = ()) -> List[Run]:
+    """Every run of ``scale`` that can be planned from ``records``, in the
+    order they start, each key once: the tuning runs, and the evaluation
+    runs of every method whose value is known."""
+    chosen = tuned_values(scale, list(records))
+    timed, untimed = real_runs(scale, chosen)
+    runs = [*timed, *tuning_runs(scale), *untimed, *simulator_runs(scale, chosen), *replays(untimed)]
     unique: Dict[str, Run] = {}
     for run in runs:
         unique.setdefault(run.key, run)
     return list(unique.values())
 
 
-def real_runs(scale: Scale) -> Tuple[List[Run], List[Run]]:
-    """The MPI runs: those whose timings the wall-clock table compares (seed
-    0 of the first task and worker count, and the straggler runs), and the
-    others, which share the cores with the simulator runs."""
-    timed, untimed = [], []
-    first = (scale.tasks[0], scale.mpi_workers[0], 0)
-    for task in scale.tasks:
-        for workers in scale.mpi_workers:
-            for seed in range(scale.mpi_seeds):
-                for method in scale.mpi_methods:
-                    if method != "sgd" or workers == scale.mpi_workers[0]:
-                        run = mpi_spec(task, method, workers, seed, scale.epochs_of(task))
-                        wallclock = bool(scale.straggler) and (task, workers, seed) == first
-                        (timed if wallclock else untimed).append(Run(run, alone=wallclock))
-    if scale.straggler:
-        task, workers, seed = first
-        timed.append(Run(mpi_spec(task, "horovod", workers, seed, scale.epochs_of(task)), alone=True))
-        timed += [Run(mpi_spec(task, m, workers, seed, scale.epochs_of(task), scale.straggler), alone=True)
-                  for m in STRAGGLER_METHODS]
-    return timed, untimed
+def value_of(chosen: Dict[Tuple[str, str], float], task: str, method: str) -> Tuple[bool, Optional[float]]:
+    """Whether ``method`` can be planned on ``task``, and its tuned value."""
+    if not METHODS[method].grid:
+        return True, None
+    return (task, method) in chosen, chosen.get((task, method))
 
 
-def simulator_runs(scale: Scale) -> Iterator[Run]:
-    """Table 1, the lambda_0 sweep and the delay models, per task and seed."""
+def simulator_runs(scale: Scale, chosen: Dict[Tuple[str, str], float]) -> Iterator[Run]:
+    """The main table, the straggler's and round-robin's, per task and seed."""
     for task in scale.tasks:
         epochs = scale.epochs_of(task)
         for seed in range(scale.seeds):
-            yield Run(simulator_spec(task, "sgd", 1, seed, epochs))
-            for workers in scale.sim_workers:
-                yield from (Run(simulator_spec(task, m, workers, seed, epochs)) for m, _ in METHODS[1:])
-            for method, values in scale.lambdas.items():
-                yield from (Run(simulator_spec(task, method, scale.sweep_workers, seed, epochs, lambda_0=v))
-                            for v in values)
-            for delay in scale.delay_models:
-                yield from (Run(simulator_spec(task, m, scale.mpi_workers[0], seed, epochs, delay=delay))
-                            for m in DELAY_METHODS)
+            for delay, methods in (("event", scale.main_methods), ("one-slow", scale.slow_methods),
+                                   ("round-robin", scale.reference_methods)):
+                for workers in scale.workers:
+                    for method in methods:
+                        ready, value = value_of(chosen, task, method)
+                        if ready and not (method == "sgd" and delay != "event"):
+                            yield Run(simulator_spec(task, method, workers, seed, epochs, delay, value=value))
+
+
+def real_runs(scale: Scale, chosen: Dict[Tuple[str, str], float]) -> Tuple[List[Run], List[Run]]:
+    """The MPI runs: the timed ones (padded steps, with and without a
+    straggler, repeats interleaved) and the others (as fast as they go, the
+    same epochs as the simulator)."""
+    timed, untimed = [], []
+    for task in scale.tasks:
+        epochs = scale.epochs_of(task)
+        for repeat in range(scale.timed_repeats):
+            for straggler in (1.0, SLOWDOWN):
+                for method in scale.timed_methods:
+                    ready, value = value_of(chosen, task, method)
+                    if ready:
+                        timed.append(Run(mpi_spec(task, method, scale.mpi_workers, 0, epochs, value, scale.step_time,
+                                                  straggler, repeat, scale.timed_seconds), alone=True))
+        for seed in range(scale.mpi_seeds):
+            for method in scale.mpi_methods:
+                ready, value = value_of(chosen, task, method)
+                if ready:
+                    untimed.append(Run(mpi_spec(task, method, scale.mpi_workers, seed, epochs, value)))
+    return timed, untimed
 
 
 def replays(real: List[Run]) -> List[Run]:
-    """The simulator on each asynchronous real run's trace (no straggler)."""
-    return [Run(simulator_spec(**{k: r.spec[k] for k in ("task", "method", "workers", "seed", "epochs")},
-                               delay="trace"), needs=r.key)
-            for r in real if r.spec["method"] in ASYNC and r.spec["straggler"] == 1.0]
+    """The simulator on each asynchronous real run's trace."""
+    return [Run({**simulator_spec(r.spec["task"], r.spec["method"], r.spec["workers"], r.spec["seed"],
+                                  r.spec["epochs"], "trace"),
+                 **{k: r.spec[k] for k in ("lambda_0", "scale", "warmup")}}, needs=r.key)
+            for r in real if r.spec["method"] in ASYNC]

@@ -3,9 +3,7 @@
 The file holds the scale's name, one entry per ``run.py`` session that ran
 something (command, machine, load, seconds: what only a live run knows) and
 one record per finished run: the fields of its plan entry, ``key``, and its
-results, or ``failed`` with the last lines it printed.  Files written before
-the split into plan, run and report (no keys, no sessions, the benchmark under
-``bench``) read the same way.
+results, or ``failed`` with the last lines it printed.
 """
 
 from __future__ import annotations
@@ -25,9 +23,8 @@ def empty(scale: str) -> Dict:
 def load(path: Path) -> Dict:
     """The evidence in ``path``, every record with its key."""
     data = json.loads(Path(path).read_text())
-    records = data["records"] + ([{"source": "bench", **data["bench"]}] if data.get("bench") else [])
     return {"scale": data["scale"], "sessions": data.get("sessions", []),
-            "records": [{"key": key_of(r), **r} for r in records]}
+            "records": [{"key": key_of(r), **r} for r in data["records"]]}
 
 
 def save(path: Path, evidence: Dict) -> None:
@@ -49,24 +46,15 @@ def select(records: List[Dict], **match) -> List[Dict]:
 
 
 def errors_of(records: List[Dict], **match) -> List[float]:
-    """Final test errors in %, of the records ``select`` picks."""
+    """Final errors in %, of the records ``select`` picks."""
     return [100 * r["final_error"] for r in select(records, **match)]
+
+
+def by_seed(records: List[Dict], **match) -> Dict[int, float]:
+    """Final errors in % of the records ``select`` picks, by seed (one each)."""
+    return {r["seed"]: 100 * r["final_error"] for r in select(records, **match)}
 
 
 def mean_staleness(record: Dict) -> float:
     counts = {int(s): n for s, n in record.get("staleness", {}).items()}
     return sum(s * n for s, n in counts.items()) / max(1, sum(counts.values()))
-
-
-def wallclock_rows(records: List[Dict], task: str, workers: int) -> List[Dict]:
-    """Seed-0 real runs of ``task`` at ``workers`` workers (and sequential
-    SGD), with and without the straggler, failed ones too: what the wall-clock
-    table and plot show."""
-    rows = []
-    for straggler in sorted({r["straggler"] for r in select(records, source="mpi", task=task)}):
-        for method in ("sgd", "none", "constant", "adaptive", "sync", "horovod"):
-            found = [r for r in records if r["source"] == "mpi" and r["task"] == task and r["method"] == method
-                     and r["seed"] == 0 and r["straggler"] == straggler and r["workers"] in (1, workers)]
-            if found and not (method == "sgd" and straggler != 1.0):
-                rows.append(found[0])
-    return rows

@@ -1,22 +1,23 @@
-"""The evidence's runs.  ``plan.py`` lists the runs of a scale: the paper's
-Table 1 at CPU scale (simulator for M = 4, 8, 16, the real MPI parameter server
-for M = 4), a lambda_0 sweep, delay models against real staleness, wall-clock
-and throughput with and without a straggler, the compensation's cost.  This
-command runs them and records each in ``OUT/results/evidence.json`` as it
-finishes (``records.py``); then ``report.py`` writes ``OUT/RESULTS.md`` and
-the plots from that file alone.
+"""The evidence's runs.  ``plan.py`` lists the runs of a scale: tuning on
+the validation split, then the main table (event-driven simulator, M = 4, 8,
+16, 32, every method, paired seeds), one slow worker under a fixed virtual
+time, round-robin as the paper's reference, real MPI runs at M = 4 with each
+asynchronous run's trace replayed, and real runs padded to a step time with
+and without a straggler.  This command runs them and records each in
+``OUT/results/evidence.json`` as it finishes (``records.py``); then
+``report.py`` writes ``OUT/RESULTS.md`` and the plots from that file alone.
 
-    python benchmarks/evidence/run.py                 # full scale, about 17 minutes on 2 cores
-    python benchmarks/evidence/run.py --scale quick   # a few minutes, fewer epochs and seeds
+    python benchmarks/evidence/run.py                 # full scale, about 45 minutes on 2 cores
+    python benchmarks/evidence/run.py --quick         # digits, a few minutes
     python benchmarks/evidence/run.py --scale tiny --out /tmp/ev --work /tmp/ev-work  # the tests' size
     python benchmarks/evidence/report.py              # only the page, in seconds, no training
 
 A run already recorded without failure is skipped: a killed command resumes
 where it stopped, a finished one runs nothing and only writes the page.  The
-real runs whose timings are compared go one at a time; the other real runs
-(one at a time among themselves) share the cores with the simulator runs
-(``--jobs`` processes); the replay of a real run's trace starts once that run
-is recorded.
+plan is made again after every wave of runs, since the tuned methods' runs
+can only be planned once their tuning runs are recorded.  The timed real runs
+go one at a time; the other real runs (one at a time among themselves) share
+the cores with the simulator runs (``--jobs`` processes).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ import platform
 import re
 import shlex
 import sys
+import threading
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Dict, List
@@ -40,19 +43,18 @@ ROOT = HERE.parent.parent
 sys.path[:0] = [str(HERE), str(ROOT)]  # this tree's tasks and package, in this process and the simulator's
 
 from hvd_dcasgd.process import CommandResult, run_command  # noqa: E402
-from plan import SCALES, Run, key_of, plan  # noqa: E402
+from plan import JITTER, METHODS, SCALES, SLOWDOWN, Run, Scale, key_of, plan  # noqa: E402
 from records import empty, load, save, succeeded  # noqa: E402
-from report import write_report  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
-MPI_TIMEOUT = BENCH_TIMEOUT = 900  # seconds: a hang ends as a failed run
+MPI_TIMEOUT = 900  # seconds: a hang ends as a failed run
 
 
 # --- the kinds of run ---------------------------------------------------------
 def execute(spec: Dict, work: Path) -> Dict:
     """Run what ``spec`` describes (any kind); its record: ``key``, ``spec``'s
     fields and the results, or ``failed`` with the last lines of the error."""
-    kinds = {"simulator": simulate_run, "mpi": mpi_run, "bench": bench_run}
+    kinds = {"simulator": simulate_run, "mpi": mpi_run}
     try:
         record = kinds[spec["source"]](spec, work)
     except Exception:
@@ -60,25 +62,49 @@ def execute(spec: Dict, work: Path) -> Dict:
     return {"key": key_of(spec), **record}
 
 
+def delay_model(spec: Dict):
+    """The simulator's delay model for ``spec``, and its virtual-time budget (or None)."""
+    from hvd_dcasgd.simulator import EventDriven, RoundRobin, TraceOrder, steps_per_epoch
+
+    workers, delay = spec["workers"], spec["delay"]
+    if delay == "trace":
+        return TraceOrder(spec["trace"]), None
+    if delay == "round-robin":
+        return RoundRobin(), None
+    if delay == "event":
+        return EventDriven.homogeneous(workers, JITTER), None
+    task = TASKS[spec["task"]]
+    train_size = task.sizes[0]
+    until = spec["epochs"] * steps_per_epoch(train_size, 0, workers, task.batch_size)  # a fast worker's epochs
+    return EventDriven.one_slow(workers, SLOWDOWN, JITTER), float(until)
+
+
 def simulate_run(spec: Dict, work: Path) -> Dict:
     """One simulator run, in this process (a simulator pool's worker)."""
     import torch
 
     from hvd_dcasgd.compensation import Compensation
-    from hvd_dcasgd.simulator import EventDriven, RandomOrder, RoundRobin, TraceOrder, simulate
+    from hvd_dcasgd.simulator import simulate
 
     torch.set_num_threads(1)
-    job = {**spec, "cache": str(work / "data")}
-    task, workers, delay = TASKS[job["task"]], job["workers"], job["delay"]
-    train, test = task.data(Path(job["cache"]))
-    models = {"round-robin": RoundRobin, "random": RandomOrder, "heavy-tailed": lambda: EventDriven.heavy_tailed(workers)}
-    order = TraceOrder(job["trace"]) if delay == "trace" else models[delay]()
-    mode = "none" if job["method"] == "sgd" else job["method"]
-    result = simulate(task.model, train, test, compensation=Compensation(mode, job["lambda_0"]), workers=workers,
-                      epochs=job["epochs"], batch_size=task.batch_size, lr=lambda e: task.lr_at(e, job["epochs"]),
-                      delay=order, seed=job["seed"])
-    return {**job, "final_error": result.final_error, "test_errors": result.test_errors,
-            "staleness": {str(s): n for s, n in sorted(result.staleness.items())}}
+    task = TASKS[spec["task"]]
+    train, validation, test = task.data(work / "data")
+    order, until = delay_model(spec)
+    mode = "none" if spec["method"] == "sgd" else METHODS[spec["method"]].mode
+    compensation = Compensation(mode, spec["lambda_0"])
+    result = simulate(task.model, train, validation if spec["split"] == "validation" else test,
+                      compensation=compensation, workers=spec["workers"], epochs=spec["epochs"],
+                      batch_size=task.batch_size, lr=rate(spec), delay=order, seed=spec["seed"], until=until)
+    return {**spec, "final_error": result.final_error, "test_errors": result.test_errors, "times": result.times,
+            "samples": result.samples, "virtual_seconds": result.seconds, "updates": result.updates,
+            "checksum": result.checksum, "staleness": {str(s): n for s, n in sorted(result.staleness.items())}}
+
+
+def rate(spec: Dict):
+    """The rate a worker sends at (fractional) epoch e: the task's schedule,
+    times the method's scale, with its warm-up."""
+    task, epochs, scale, warmup = TASKS[spec["task"]], spec["epochs"], spec["scale"], spec["warmup"] or 0.0
+    return lambda epoch: task.lr_at(epoch, epochs, scale, warmup)
 
 
 def mpi_run(spec: Dict, work: Path) -> Dict:
@@ -87,16 +113,19 @@ def mpi_run(spec: Dict, work: Path) -> Dict:
     out, trace, summary = work / f"{name}.json", work / f"{name}.jsonl", work / f"{name}.summary.json"
     for stale in (out, trace, summary):  # left by an earlier, killed attempt
         stale.unlink(missing_ok=True)
-    cmd = mpirun(spec["workers"] + 1, HERE / "train_mpi.py", "--task", spec["task"],
-                 "--compensation", "none" if spec["method"] == "sgd" else spec["method"], "--epochs", spec["epochs"],
-                 "--seed", spec["seed"], "--straggler", spec["straggler"], "--cache", work / "data",
-                 "--trace", trace, "--out", out)
+    mode = "none" if spec["method"] == "sgd" else METHODS[spec["method"]].mode
+    options = ["--lambda-0", spec["lambda_0"]] if spec["lambda_0"] is not None else []
+    options += ["--warmup", spec["warmup"]] if spec["warmup"] else []
+    options += ["--step-time", spec["step_time"], "--seconds", spec["seconds"]] if spec["step_time"] else []
+    cmd = mpirun(spec["workers"] + 1, HERE / "train_mpi.py", "--task", spec["task"], "--compensation", mode,
+                 "--epochs", spec["epochs"], "--seed", spec["seed"], "--scale", spec["scale"], *options,
+                 "--straggler", spec["straggler"], "--cache", work / "data", "--trace", trace, "--out", out)
     started = time.perf_counter()
     result = run_command(cmd, timeout=MPI_TIMEOUT, env={**child_env(), "HVD_DCASGD_SUMMARY": str(summary)})
     record = {**spec, "command": shlex.join(map(str, cmd)), "launch_seconds": time.perf_counter() - started}
     if result.returncode != 0 or not out.exists():
         return {**record, "failed": last_lines(result, MPI_TIMEOUT)}
-    record = {**json.loads(out.read_text()), **record}  # the program calls sequential SGD "none"
+    record = {**json.loads(out.read_text()), **record}
     record["server_updates_per_s"] = json.loads(summary.read_text())["updates_per_s"] if summary.exists() else None
     if trace.exists() and trace.stat().st_size:
         record["trace"] = str(trace)
@@ -106,17 +135,6 @@ def mpi_run(spec: Dict, work: Path) -> Dict:
             counts[s] = counts.get(s, 0) + 1
         record["staleness"] = {str(s): n for s, n in sorted(counts.items())}
     return record
-
-
-def bench_run(spec: Dict, work: Path) -> Dict:
-    """The server-bound update rate of every mode (benchmarks/bench_end_to_end.py)."""
-    cmd = [sys.executable, ROOT / "benchmarks" / "bench_end_to_end.py", "--steps", "150"]
-    result = run_command(cmd, timeout=BENCH_TIMEOUT, env=child_env())
-    rates = {f"{mode} {variant}".strip(): float(rate)
-             for mode, variant, rate in re.findall(r"^\s+(\w+)\s+(.*?)\s*([\d.]+) updates/s", result.stdout, re.M)}
-    record = {**spec, "command": shlex.join(map(str, cmd)), "updates_per_s": rates,
-              "output": result.stdout.strip().splitlines()}
-    return record if result.returncode == 0 else {**record, "failed": last_lines(result, BENCH_TIMEOUT)}
 
 
 def mpirun(ranks: int, *args) -> List[str]:
@@ -139,13 +157,18 @@ class Recorder:
     entry (its command, machine, load and time so far), so that a killed
     command loses only the runs it was in the middle of."""
 
-    def __init__(self, path: Path, evidence: Dict, command: str, total: int):
-        self.path, self.evidence, self.total, self.started = path, evidence, total, time.time()
+    def __init__(self, path: Path, evidence: Dict, command: str):
+        self.path, self.evidence, self.started = path, evidence, time.time()
+        self.lock = threading.Lock()
         self.session = {"command": command, "machine": machine(), "cores": os.cpu_count(),
                         "load_before": list(os.getloadavg()), "load_after": None, "seconds": 0.0,
                         "timed_seconds": 0.0, "runs": 0}
 
     def add(self, record: Dict, timed: bool = False) -> None:
+        with self.lock:  # the launcher's thread and the main thread both add
+            self._add(record, timed)
+
+    def _add(self, record: Dict, timed: bool) -> None:
         if not self.session["runs"]:
             self.evidence["sessions"].append(self.session)
         others = [r for r in self.evidence["records"] if r["key"] != record["key"]]
@@ -156,25 +179,28 @@ class Recorder:
             self.session["timed_seconds"] = seconds
         save(self.path, self.evidence)
         outcome = f"failed: {record['failed'][-1] if record['failed'] else '?'}" if "failed" in record else "done"
-        print(f"  [{self.session['runs']}/{self.total}] {record['key']}: {outcome} ({seconds:.0f} s)", flush=True)
+        print(f"  [{self.session['runs']}] {record['key']}: {outcome} ({seconds:.0f} s)", flush=True)
 
 
-def run_all(runs: List[Run], recorder: Recorder, work: Path, jobs: int) -> None:
-    """The runs to be timed one at a time, then the others in waves: every
-    run whose input is recorded, until none is left or none can start."""
-    for run in runs:
-        if run.alone:
-            recorder.add(execute(run.spec, work), timed=True)
-    pending = [run for run in runs if not run.alone]
-    while pending:
+def run_all(scale: Scale, recorder: Recorder, work: Path, jobs: int) -> None:
+    """Wave after wave, until a plan made from the records so far has nothing
+    left to run: its timed runs one at a time, then the others together
+    (each replay once the real run it replays is recorded)."""
+    attempted = set()
+    while True:
         recorded = succeeded(recorder.evidence)
-        ready = [run for run in pending if run.needs is None or run.needs in recorded]
+        todo = [run for run in plan(scale, recorder.evidence["records"])
+                if run.key not in recorded and run.key not in attempted]
+        ready = [run for run in todo if run.needs is None or run.needs in recorded]
         if not ready:
-            print(f"{len(pending)} runs not run: the real runs they replay failed", flush=True)
+            if todo:
+                print(f"{len(todo)} runs not run: the real runs they replay failed", flush=True)
             return
-        run_together([input_of(run, recorded) for run in ready], recorder, work, jobs)
-        started = {run.key for run in ready}
-        pending = [run for run in pending if run.key not in started]
+        attempted.update(run.key for run in ready)
+        for run in ready:
+            if run.alone:
+                recorder.add(execute(run.spec, work), timed=True)
+        run_together([input_of(run, recorded) for run in ready if not run.alone], recorder, work, jobs)
 
 
 def input_of(run: Run, recorded: Dict[str, Dict]) -> Dict:
@@ -184,13 +210,18 @@ def input_of(run: Run, recorded: Dict[str, Dict]) -> Dict:
 
 def run_together(specs: List[Dict], recorder: Recorder, work: Path, jobs: int) -> None:
     """Simulator runs on ``jobs`` processes (each a fresh MPI singleton, a few
-    runs each) while the real runs and the benchmark go one after another."""
-    with ThreadPoolExecutor(1) as launcher, ProcessPoolExecutor(jobs, mp_context=get_context("spawn"),
-                                                                max_tasks_per_child=8) as simulators:
-        futures = [(simulators if spec["source"] == "simulator" else launcher).submit(execute, spec, work)
-                   for spec in specs]
-        for future in as_completed(futures):
-            recorder.add(future.result())
+    runs each: ``multiprocessing.Pool`` replaces a worker after
+    ``maxtasksperchild`` runs without the deadlocks ``ProcessPoolExecutor``'s
+    ``max_tasks_per_child`` has on Python 3.11) while the real runs go one
+    after another on a thread."""
+    simulated = [spec for spec in specs if spec["source"] == "simulator"]
+    real = [spec for spec in specs if spec["source"] != "simulator"]
+    with get_context("spawn").Pool(jobs, maxtasksperchild=8) as simulators, ThreadPoolExecutor(1) as launcher:
+        launched = [launcher.submit(lambda spec: recorder.add(execute(spec, work)), spec) for spec in real]
+        for record in simulators.imap_unordered(partial(execute, work=work), simulated):
+            recorder.add(record)
+        for future in launched:
+            future.result()
 
 
 def machine() -> str:
@@ -215,20 +246,22 @@ def main() -> None:
     evidence = load(path) if path.exists() else empty(scale_name)
     if evidence["scale"] != scale_name:
         parser.error(f"{path} holds a {evidence['scale']}-scale run; give another --out to run at {scale_name} scale")
-    planned = plan(SCALES[scale_name])
+    scale = SCALES[scale_name]
     done = succeeded(evidence)
-    todo = [run for run in planned if run.key not in done]
-    print(f"{len(planned)} planned runs: {len(planned) - len(todo)} recorded already (skipped), {len(todo)} to run",
+    todo = [run for run in plan(scale, evidence["records"]) if run.key not in done]
+    print(f"{len(done)} runs recorded already (skipped); {len(todo)} to run now (tuned methods are planned once their tuning is recorded)",
           flush=True)
     if todo:
         command = " ".join(["python benchmarks/evidence/run.py", *map(shlex.quote, sys.argv[1:])])
-        recorder = Recorder(path, evidence, command, len(todo))
+        recorder = Recorder(path, evidence, command)
         path.parent.mkdir(parents=True, exist_ok=True)
-        for task in SCALES[scale_name].tasks:
+        for task in scale.tasks:
             TASKS[task].data(work / "data")
-        run_all(todo, recorder, work, args.jobs)
+        run_all(scale, recorder, work, args.jobs)
         print(f"ran {recorder.session['runs']} runs in {recorder.session['seconds'] / 60:.1f} min", flush=True)
     if args.report:
+        from report import write_report
+
         names = write_report(out)
         print(f"wrote {out / 'RESULTS.md'} and {len(names)} plots", flush=True)
 

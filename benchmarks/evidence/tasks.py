@@ -152,8 +152,8 @@ class Task:
 
 TASKS: Dict[str, Task] = {
     # lr and epochs from the pilot on the validation split (docs/results/pilot.json)
-    "fashion": Task("fashion", FashionNet, load_fashion_data, epochs=10, batch_size=32, lr=0.1,
+    "fashion": Task("fashion", FashionNet, load_fashion_data, epochs=20, batch_size=32, lr=0.4,
                     target_error=0.20, sizes=(12000, 5000, 10000)),
-    "digits": Task("digits", DigitsNet, load_digits_data, epochs=12, batch_size=16, lr=0.05,
+    "digits": Task("digits", DigitsNet, load_digits_data, epochs=10, batch_size=16, lr=0.2,
                    target_error=0.10, sizes=(1151, 287, 359)),
 }

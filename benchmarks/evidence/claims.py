@@ -62,7 +62,13 @@ GROWTH_CLAIM = "ASGD's deficit against DC-ASGD-a grows with M (the paper: 1.08 p
 THROUGHPUT_CLAIM = ("Real runs padded to a fixed step time, M=4, one worker 3x slower: a synchronous method keeps "
                     "about 1/3 of its throughput without the straggler (every round waits for it), an asynchronous "
                     "one about 5/6 (three workers at full speed and one at a third: (3 + 1/3) / 4).")
-PREDICTED_RETENTION = {"sync": 1 / 3, "async": 5 / 6}
+
+
+def predicted_retention(synchronous: bool, workers: int, slowdown: float = 3.0) -> float:
+    """Throughput kept with one worker ``slowdown`` times slower: a round
+    waits for it (1 / slowdown), or the others keep their pace ((M - 1 + 1 /
+    slowdown) / M, which is 5/6 at M=4)."""
+    return 1 / slowdown if synchronous else (workers - 1 + 1 / slowdown) / workers
 
 RULES = [
     f"A claim that one method ends below another, at one M: **supported** where the paired difference's 95% t "

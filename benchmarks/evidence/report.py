@@ -1,378 +1,516 @@
 """The evidence's page: ``OUT/RESULTS.md`` and the plots in ``OUT/results``,
-from ``OUT/results/evidence.json`` alone -- no training, a few seconds.
+from ``OUT/results/evidence.json`` (and the pilot's ``pilot.json``) alone --
+no training, a few seconds.
 
     python benchmarks/evidence/report.py            # docs/RESULTS.md from docs/results/evidence.json
     python benchmarks/evidence/report.py --out DIR
 
-``run.py`` calls it after its runs; the page is a function of the records (and
-of the scale and tasks they name), so running it again writes the same page.
+``run.py`` calls it after its runs; the page is a function of the records, so
+running it again writes the same page.  With ``--readme`` (the default for
+``--out docs``) it also rewrites the two headline lines between the markers in
+the README.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
 from pathlib import Path
-from statistics import mean, stdev
+from statistics import mean
 from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from plan import ASYNC, DELAY_METHODS, LABELS, METHODS, SCALES, STRAGGLER_METHODS, Scale, key_of  # noqa: E402
+import claims  # noqa: E402
+from plan import (  # noqa: E402
+    ASYNC, DELAYS, LABELS, METHODS, SCALES, STABLE_ERROR, SYNC, TUNING_SEEDS, Scale, key_of, tuned_values,
+    tuning_errors, warmup_epochs,
+)
 from plots import plots  # noqa: E402
-from records import errors_of, load, mean_staleness, select, wallclock_rows  # noqa: E402
+from records import by_seed, load, select  # noqa: E402
+from stats import Difference, holm, paired_difference, recovery_ratio, t_quantile  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
+HEADLINE = ("<!-- results headline: written by benchmarks/evidence/report.py -->",
+            "<!-- end of results headline -->")
 
-def write_report(out: Path) -> List[str]:
-    """Write ``out/RESULTS.md`` and the plots from ``out/results/evidence.json``;
-    returns the plots' file names."""
+
+def write_report(out: Path, readme: Optional[Path] = None) -> List[str]:
+    """Write ``out/RESULTS.md`` and the plots from ``out/results/evidence.json``
+    (and the headline into ``readme``); returns the plots' file names."""
     evidence = load(Path(out) / "results" / "evidence.json")
     scale = SCALES[evidence["scale"]]
+    pilot_path = Path(out) / "results" / "pilot.json"
+    pilot = json.loads(pilot_path.read_text()) if pilot_path.exists() else {}
     names = plots(evidence["records"], scale, Path(out) / "results")
-    (Path(out) / "RESULTS.md").write_text(page(evidence, scale))
+    report = Report(evidence, scale, pilot)
+    (Path(out) / "RESULTS.md").write_text(report.page())
+    if readme is not None:
+        update_readme(readme, report.headline())
     return names
 
 
-# --- tables -------------------------------------------------------------------
-def cell(values: List[float]) -> str:
-    if not values:
-        return ""
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{mean(values):.2f} ± {stdev(values):.2f}"
+def update_readme(readme: Path, lines: List[str]) -> None:
+    """Replace what lies between the headline markers of ``readme``."""
+    text = readme.read_text()
+    start, end = (re.escape(marker) for marker in HEADLINE)
+    block = "\n".join([HEADLINE[0], *lines, HEADLINE[1]])
+    if not re.search(start + ".*?" + end, text, re.S):
+        raise ValueError(f"{readme} has no headline markers {HEADLINE}")
+    readme.write_text(re.sub(start + ".*?" + end, lambda _: block, text, flags=re.S))
 
 
-def table(header: Sequence[str], rows: List[Sequence[str]]) -> str:
+# --- formatting -------------------------------------------------------------
+def table(header: Sequence[str], rows: List[Sequence]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
 
 
-def table1(records: List[Dict], task: str, scale: Scale) -> str:
-    rows = []
-    for key, source, counts in (("simulator", "simulator", scale.sim_workers), ("mpi", "MPI", scale.mpi_workers)):
-        base = {"delay": "round-robin"} if key == "simulator" else {"straggler": 1.0}
-        rows.append(["1", source, cell(errors_of(records, source=key, task=task, method="sgd", **base)), "", "", "", ""])
-        for workers in counts:
-            lambdas = lambda m: {"lambda_0": TASKS[task].lambda_0(m)} if key == "simulator" else {}  # noqa: E731
-            rows.append([str(workers), source, "", *[cell(errors_of(records, source=key, task=task, method=m,
-                                                                     workers=workers, **base, **lambdas(m)))
-                                                     for m, _ in METHODS[1:]]])
-    rows.sort(key=lambda r: (int(r[0]), r[1] != "simulator"))
-    return table(["M", "run", *[label for _, label in METHODS]], [r for r in rows if any(r[2:])])
+def ci_cell(values: Sequence[float]) -> str:
+    """Mean ± the half-width of its 95% t interval (n in a sub-script-like suffix)."""
+    if not values:
+        return ""
+    if len(values) == 1:
+        return f"{values[0]:.2f} (n=1)"
+    m = mean(values)
+    sd = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
+    return f"{m:.2f} ± {t_quantile(0.975, len(values) - 1) * sd / math.sqrt(len(values)):.2f}"
 
 
-def sweep_table(records: List[Dict], task: str, workers: int, lambdas: Dict[str, List[float]]) -> str:
-    values = sorted({0.0, *lambdas["constant"], *lambdas["adaptive"]})
-    rows = []
-    for value in values:
-        row = [f"{value:g}"]
-        for method in ("constant", "adaptive"):
-            method_at = "none" if value == 0 else method
-            found = errors_of(records, source="simulator", task=task, workers=workers, delay="round-robin",
-                              method=method_at, **({} if value == 0 else {"lambda_0": value}))
-            row.append(cell(found) if value == 0 or value in lambdas[method] else "")
-        rows.append(row)
-    return table(["lambda_0", "DC-ASGD-c", "DC-ASGD-a"], rows)
+def interval(bounds: Tuple[float, float]) -> str:
+    return f"[{bounds[0]:+.2f}, {bounds[1]:+.2f}]"
 
 
-def delay_table(records: List[Dict], task: str, workers: int, delays: Sequence[str]) -> str:
-    rows = []
-    for delay in ("round-robin", *delays):
-        found = select(records, source="simulator", task=task, workers=workers, delay=delay, method="none")
-        stale = [mean_staleness(r) for r in found]
-        rows.append([f"simulator, {delay}", f"{mean(stale):.2f}" if stale else "",
-                     *[cell(errors_of(records, source="simulator", task=task, workers=workers, delay=delay,
-                                      method=m, lambda_0=TASKS[task].lambda_0(m))) for m in DELAY_METHODS]])
-    real = [r for r in select(records, source="mpi", task=task, workers=workers, straggler=1.0) if r["method"] in ASYNC]
-    rows.append(["real MPI runs", f"{mean(mean_staleness(r) for r in real):.2f}" if real else "",
-                 *[cell(errors_of(records, source="mpi", task=task, workers=workers, method=m, straggler=1.0))
-                   for m in DELAY_METHODS]])
-    return table(["order of pushes", "mean staleness", *[LABELS[m] for m in DELAY_METHODS]], rows)
+def p_value(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
 
-def replay_table(records: List[Dict], task: str) -> Tuple[str, float]:
-    rows, gaps = [], []
-    for real in select(records, source="mpi", task=task, straggler=1.0):
-        replay = select(records, source="simulator", delay="trace", trace=real.get("trace"))
-        if real["method"] in ASYNC and replay:
-            gap = 100 * abs(real["final_error"] - replay[0]["final_error"])
-            gaps.append(gap)
-            rows.append([LABELS[real["method"]], real["workers"], real["seed"], f"{100 * real['final_error']:.2f}",
-                         f"{100 * replay[0]['final_error']:.2f}", f"{gap:.2f}"])
-    return table(["method", "M", "seed", "real run", "simulator on its trace", "difference"], rows), max(gaps, default=math.nan)
+class Comparison:
+    """``worse - better`` paired by seed at every M, Holm-corrected over M."""
+
+    def __init__(self, records: List[Dict], task: str, worse: str, better: str, workers: Sequence[int],
+                 delay: str = "event"):
+        self.worse, self.better = worse, better
+        self.rows: List[Tuple[int, Difference]] = []
+        for m in workers:
+            a = errors(records, task, worse, m, delay)
+            b = errors(records, task, better, m, delay)
+            seeds = sorted(set(a) & set(b))
+            if len(seeds) >= 2:
+                self.rows.append((m, paired_difference([a[s] for s in seeds], [b[s] for s in seeds])))
+        self.adjusted = dict(zip([m for m, _ in self.rows], holm([d.p for _, d in self.rows])))
+
+    def at(self, workers: int) -> Optional[Difference]:
+        return next((d for m, d in self.rows if m == workers), None)
 
 
-def first_time_below(curve: List[List[float]], target: float) -> Optional[float]:
-    return next((seconds for _, seconds, error in curve if error <= target), None)
+def errors(records: List[Dict], task: str, method: str, workers: int, delay: str = "event",
+           split: str = "test") -> Dict[int, float]:
+    """Final test errors (%) by seed of ``method``'s simulator runs."""
+    return by_seed(records, source="simulator", task=task, method=method, delay=delay, split=split,
+                   workers=1 if method == "sgd" else workers)
 
 
-def wallclock_table(rows: List[Dict], task: str) -> str:
-    target = TASKS[task].target_error
-    base = {r["straggler"]: r for r in rows if r["method"] == "none" and "failed" not in r}
-    out = []
-    for r in rows:
-        label = f"{LABELS[r['method']]}" + (f", M={r['workers']}" if r["method"] != "sgd" else ", M=1")
-        if "failed" in r:
-            out.append([label, f"{r['straggler']:g}", "failed: " + (r["failed"][-1] if r["failed"] else "?"), "", "", "", "", ""])
-            continue
-        seconds = max(s for _, s in r["per_worker"])
-        samples = sum(n for n, _ in r["per_worker"])
-        while_training = sum(n / s for n, s in r["per_worker"])
-        reach = first_time_below(r["curve"], target)
-        ref = base.get(r["straggler"])
-        ratio = ""
-        if ref is not None:
-            ref_rate = sum(n for n, _ in ref["per_worker"]) / max(s for _, s in ref["per_worker"])
-            ratio = f"{samples / seconds / ref_rate:.2f}"
-        out.append([label, f"{r['straggler']:g}", f"{seconds:.1f}", f"{samples / seconds:.0f}", ratio,
-                    f"{while_training:.0f}", f"{reach:.1f}" if reach is not None else "not reached",
-                    f"{100 * r['final_error']:.2f}"])
-    return table(["method", "straggler", "job seconds", "samples/s", "samples/s vs ASGD", "sum of workers' samples/s",
-                  f"seconds to {100 * target:.0f}% error", "final error %"], out)
+# --- the page -------------------------------------------------------------------
+class Report:
+    def __init__(self, evidence: Dict, scale: Scale, pilot: Dict):
+        self.records, self.sessions = evidence["records"], evidence["sessions"]
+        self.scale, self.scale_name, self.pilot = scale, evidence["scale"], pilot
+        self.task = scale.tasks[0]
+        self.penalties = Comparison(self.records, self.task, "none", "sgd", scale.workers)
+        self.verdicts: Dict[str, Dict[int, str]] = {}
 
+    def page(self) -> str:
+        sections = [
+            ["# Results: does delay compensation help?", "",
+             "Written by `benchmarks/evidence/report.py` from `results/evidence.json`; do not edit by hand.", "",
+             *self.provenance()],
+            self.predictions(), self.setup(), self.main_section(), self.comparisons_section(),
+            self.recovery_section(), self.straggler_section(), self.reference_section(), self.real_section(),
+            self.timed_section(), self.tuning_section(), self.verdict_section(), self.reading_section(),
+            self.commands(), self.failed_section(),
+        ]
+        return "\n".join(line for section in sections for line in [*section, ""]).rstrip() + "\n"
 
-# --- the reading --------------------------------------------------------------
-def reading(records: List[Dict], scale: Scale) -> List[str]:
-    """Sentences computed from the numbers: which of the paper's claims hold here."""
-    lines = []
-    for task in scale.tasks:
-        sgd = errors_of(records, source="simulator", task=task, method="sgd", delay="round-robin")
-        gaps = []
-        for workers in scale.sim_workers:
-            means = {m: mean(e) for m, _ in METHODS[1:]
-                     if (e := errors_of(records, source="simulator", task=task, method=m, workers=workers,
-                                        delay="round-robin", lambda_0=TASKS[task].lambda_0(m)))}
-            if len(means) < 4:
+    # -- provenance and set-up
+    def provenance(self) -> List[str]:
+        if not self.sessions:
+            return [f"{self.scale_name} scale; no session recorded."]
+        first, last = self.sessions[0], self.sessions[-1]
+        minutes = sum(s["seconds"] for s in self.sessions) / 60
+        resumed = f" in {len(self.sessions)} sessions, each resuming the one before," if len(self.sessions) > 1 else ""
+        note = "" if self.scale_name == "full" else (
+            f" The {self.scale_name} scale runs fewer seeds, tasks and values of M than the standard one: its "
+            "numbers show the shape of the comparison, not the evidence.")
+        return [f"Generated by `{last['command']}` ({self.scale_name} scale){resumed} in {minutes:.1f} minutes "
+                f"on {last['machine']}; load average before {first['load_before'][0]:.1f}, after "
+                f"{last['load_after'][0]:.1f}.{note}"]
+
+    def predictions(self) -> List[str]:
+        lines = ["## What was predicted, before the runs", "",
+                 "Written in `benchmarks/evidence/claims.py` and committed before the standard run:", ""]
+        lines += [f"{i}. {text}" for i, text in enumerate(
+            [claims.WITHIN_CLAIM, *(c.text for c in claims.CLAIMS), claims.GROWTH_CLAIM, claims.THROUGHPUT_CLAIM], 1)]
+        return lines + ["", "The rules:", "", *(f"- {rule}" for rule in claims.RULES)]
+
+    def setup(self) -> List[str]:
+        task = TASKS[self.task]
+        epochs = self.scale.epochs_of(self.task)
+        sizes = "{:,} training / {:,} validation / {:,} test".format(*task.sizes)
+        data = {"fashion": f"Fashion-MNIST (Debian's `dataset-fashion-mnist`), 14x14, {sizes} images (a fixed "
+                           "subset of the 60,000 training images, a disjoint fixed validation split from the same "
+                           "60,000, the full test set)",
+                "digits": f"scikit-learn's 8x8 digits, {sizes} images"}[self.task]
+        chosen = tuned_values(self.scale, self.records)
+        rows = []
+        for key, method in METHODS.items():
+            if key not in self.scale.main_methods:
                 continue
-            spread = {m: stdev(e) if len(e) > 1 else 0.0 for m in means
-                      for e in [errors_of(records, source="simulator", task=task, method=m, workers=workers,
-                                          delay="round-robin", lambda_0=TASKS[task].lambda_0(m))]}
-            ranking = ", ".join(f"{LABELS[m]} {v:.2f}" for m, v in sorted(means.items(), key=lambda kv: kv[1]))
-            holds = means["adaptive"] <= means["constant"] <= min(means["none"], means["sync"])
-            gain = means["none"] - means["adaptive"]
-            within = abs(gain) <= max(spread["none"], spread["adaptive"])
-            lines.append(f"- **{task}, M={workers} (simulator)**, best first: {ranking} (sequential SGD {mean(sgd):.2f}). "
-                         f"The paper's order DC-ASGD-a <= DC-ASGD-c <= ASGD, SSGD **{'holds' if holds else 'does not hold'}**. "
-                         f"ASGD minus DC-ASGD-a: {gain:+.2f} points"
-                         + (" (within the seed-to-seed standard deviation)" if within else "")
-                         + f"; DC-ASGD-a minus sequential SGD: {means['adaptive'] - mean(sgd):+.2f}.")
-            gaps.append((workers, means["none"] - means["adaptive"]))
-        if len(gaps) > 1:
-            grows = all(b[1] > a[1] for a, b in zip(gaps, gaps[1:]))
-            lines.append(f"- **{task}**: the ASGD - DC-ASGD-a gap by M is "
-                         + ", ".join(f"{g:+.2f} (M={w})" for w, g in gaps)
-                         + f": it **{'grows' if grows else 'does not grow steadily'}** with M.")
-        for workers in scale.mpi_workers:
-            pairs = []
-            for method, _ in METHODS[1:]:
-                sim = errors_of(records, source="simulator", task=task, method=method, workers=workers,
-                                delay="round-robin", lambda_0=TASKS[task].lambda_0(method))
-                real = errors_of(records, source="mpi", task=task, method=method, workers=workers, straggler=1.0)
-                if sim and real:
-                    pairs.append(f"{LABELS[method]} {mean(real) - mean(sim):+.2f}")
-            if pairs:
-                lines.append(f"- **{task}, M={workers}, real MPI minus simulator (round-robin)**: " + ", ".join(pairs)
-                             + " points.")
-    return lines
+            value = chosen.get((self.task, key))
+            how = {"lambda_0": f"lambda_0 = {value:g} (tuned)" if value is not None else "lambda_0: not tuned yet",
+                   "scale": f"rate x max(1, f M), f = {value:g} (tuned), warm-up" if value is not None else "not tuned yet"
+                   }.get(method.tuned, "")
+            if key == "horovod":
+                how = "rate x M, warm-up (Horovod's docs)"
+            elif key == "ssgd_paper":
+                how = "rate x 1, no warm-up"
+            elif key == "adaptive":
+                how += ", MeanSquare momentum 0.95, eps 1e-7"
+            elif key == "gap_aware":
+                how = "no hyperparameter tuned (see `hvd_dcasgd/compensation.py`)"
+            elif key == "staleness":
+                how = "rate / max(1, staleness)"
+            rows.append([method.label, f"`{method.mode}`", how])
+        return [
+            "## Set-up", "",
+            f"Task: {data}. Model: `{task.model.__name__}` (`benchmarks/evidence/tasks.py`). Plain SGD on the "
+            f"server (no momentum, no weight decay, the paper's update); batch {task.batch_size} per worker; "
+            f"{epochs} epochs (an epoch is one pass over the training set by all workers together); rate "
+            f"{task.lr:g}, divided by 10 at 50% and 75% of the epochs, each worker sending the rate of its own "
+            "fractional epoch. The rate and the epochs come from the pilot below (sequential SGD on the validation "
+            "split only, before any parallel run).", "",
+            table(["method", "server mode", "rate and hyperparameters"], rows), "",
+            f"Warm-up: the rate rises linearly from the sequential rate to the scaled one over the first "
+            f"{warmup_epochs(epochs):g} epoch(s) (Goyal et al.'s 5 of 90 epochs, in proportion, at least one). "
+            f"Tuned values: the lowest mean validation error over pilot seeds {', '.join(map(str, TUNING_SEEDS))} at "
+            f"M = {', '.join(map(str, self.scale.tune_workers))}, among the values whose runs all stayed below "
+            f"{100 * STABLE_ERROR:.0f}% error (SSGD's scale is a fraction of M: capped at M, Horovod's recipe). "
+            f"Evaluation seeds 0 to {self.scale.seeds - 1}: a seed fixes the initial weights, every worker's "
+            "batches and the delays, so the methods are compared paired.", "",
+            "Delays (`hvd_dcasgd.simulator`): " + "; ".join(f"**{name}**: {text}" for name, text in DELAYS.items())
+            + ". The simulator runs M virtual workers against the project's own `ParameterServer` on MPI windows "
+            "of one rank; the real runs are `mpirun -np M+1 python benchmarks/evidence/train_mpi.py`.",
+            "", *self.pilot_lines(),
+        ]
+
+    def pilot_lines(self) -> List[str]:
+        pilot = self.pilot.get(self.task)
+        if not pilot:
+            return ["No pilot recorded for this task (`python benchmarks/evidence/pilot.py`)."]
+        task = TASKS[self.task]
+        grid: Dict[Tuple[float, int], float] = {(lr, e): mean(v) for lr, e, v in pilot["validation_error"]}
+        rows = [[f"{lr:g}", *(f"{grid[lr, e]:.2f}" for e in pilot["epochs"])] for lr in pilot["rates"]]
+        chosen = pilot["chosen"]
+        agrees = (chosen["lr"], chosen["epochs"]) == (task.lr, task.epochs)
+        best = min(grid[chosen["lr"], e] for e in pilot["epochs"])
+        return [
+            f"### The pilot: sequential SGD's validation error (%), mean of seeds "
+            f"{', '.join(map(str, pilot['seeds']))}", "",
+            table(["rate \\ epochs", *map(str, pilot["epochs"])], rows), "",
+            f"Rule (`benchmarks/evidence/pilot.py`): the rate with the lowest validation error at the largest "
+            f"affordable budget ({pilot['affordable']} epochs), then the fewest epochs within {pilot['plateau']} "
+            f"points of it: rate {chosen['lr']:g}, {chosen['epochs']} epochs"
+            + (" (the values in `tasks.py`)." if agrees else
+               f" -- **`tasks.py` holds rate {task.lr:g}, {task.epochs} epochs instead**.")
+            + f" At that rate sequential SGD's validation error is {grid[chosen['lr'], chosen['epochs']] - best:.2f} "
+            "points above the best of any budget in the pilot: how far it stands from its plateau.",
+        ]
+
+    # -- the main table and its comparisons
+    def main_section(self) -> List[str]:
+        lines = ["## Final test error (%), event-driven delays, fixed epochs", "",
+                 f"Mean ± half-width of the 95% t interval over {self.scale.seeds} paired seeds. "
+                 f"Sequential SGD: {ci_cell(list(errors(self.records, self.task, 'sgd', 1).values()))}. "
+                 "The paper (CIFAR-10, ResNet-20): M=4 ASGD 9.27, SSGD 9.17, DC-ASGD-c 8.67, DC-ASGD-a 8.19; "
+                 "M=8 10.26, 10.10, 9.27, 8.57; sequential 8.65.", ""]
+        methods = [m for m in self.scale.main_methods if m != "sgd"]
+        rows = [[str(w), *(ci_cell(list(errors(self.records, self.task, m, w).values())) for m in methods)]
+                for w in self.scale.workers]
+        return lines + [table(["M", *(LABELS[m] for m in methods)], rows), "",
+                        f"![error against epochs](results/error_vs_epoch_{self.task}.png)"]
+
+    def comparisons(self) -> List[Tuple[str, Comparison]]:
+        pairs = [("ASGD's penalty: ASGD - SGD", self.penalties)]
+        for claim in claims.CLAIMS:
+            if claim.setting == "event" and {claim.worse, claim.better} <= set(self.scale.main_methods):
+                pairs.append((f"{LABELS[claim.worse]} - {LABELS[claim.better]}",
+                              Comparison(self.records, self.task, claim.worse, claim.better, self.scale.workers)))
+        if "ssgd" in self.scale.main_methods and "horovod" in self.scale.main_methods:
+            pairs.append(("Horovod recipe - tuned SSGD",
+                          Comparison(self.records, self.task, "horovod", "ssgd", self.scale.workers)))
+        pairs.append(("DC-ASGD-a - SGD", Comparison(self.records, self.task, "adaptive", "sgd", self.scale.workers)))
+        return pairs
+
+    def comparisons_section(self) -> List[str]:
+        rows = []
+        for name, comparison in self.comparisons():
+            for m, d in comparison.rows:
+                rows.append([name, m, f"{d.mean:+.2f}", interval(d.t_interval), interval(d.bootstrap_interval),
+                             p_value(d.wilcoxon_p), p_value(d.sign_p), p_value(comparison.adjusted[m])])
+        return ["## Paired differences (percentage points; positive: the second method ends lower)", "",
+                table(["difference", "M", "mean", "95% t interval", "95% bootstrap", "Wilcoxon p", "sign p",
+                       "Holm p"], rows)]
+
+    def recovery_section(self) -> List[str]:
+        rows = []
+        for method in ("adaptive", "constant", "gap_aware", "staleness"):
+            if method not in self.scale.main_methods:
+                continue
+            for w in self.scale.workers:
+                asgd, dc, sgd = (errors(self.records, self.task, m, w) for m in ("none", method, "sgd"))
+                seeds = sorted(set(asgd) & set(dc) & set(sgd))
+                if len(seeds) >= 2:
+                    r = recovery_ratio([asgd[s] for s in seeds], [dc[s] for s in seeds], [sgd[s] for s in seeds])
+                    rows.append([LABELS[method], w, f"{r.value:.2f}" if r.defined else "undefined",
+                                 interval(r.interval) if r.defined else "(ASGD not worse than SGD)"])
+        return ["## Recovery ratio R = (ASGD - method) / (ASGD - SGD)", "",
+                "R = 1: the method recovers all of ASGD's loss against sequential SGD; 0: none of it; 95% "
+                "bootstrap interval over seeds.", "", table(["method", "M", "R", "95% interval"], rows), "",
+                "![recovery ratio](results/recovery_ratio.png)"]
+
+    def straggler_section(self) -> List[str]:
+        methods = list(self.scale.slow_methods)
+        rows = []
+        for w in self.scale.workers:
+            asgd = select(self.records, source="simulator", task=self.task, method="none", workers=w, delay="one-slow")
+            base = mean(r["samples"] for r in asgd) if asgd else None
+            cells = []
+            for m in methods:
+                found = select(self.records, source="simulator", task=self.task, method=m, workers=w,
+                               delay="one-slow")
+                share = f" ({mean(r['samples'] for r in found) / base:.2f})" if found and base else ""
+                cells.append(ci_cell([100 * r["final_error"] for r in found]) + share)
+            rows.append([str(w), *cells])
+        claim = next(c for c in claims.CLAIMS if c.setting == "one-slow")
+        comparison = Comparison(self.records, self.task, claim.worse, claim.better, self.scale.workers, "one-slow")
+        self.record_verdicts(claim.key, comparison, penalty=False)
+        diffs = [[m, f"{d.mean:+.2f}", interval(d.t_interval), p_value(comparison.adjusted[m]),
+                  self.verdicts[claim.key][m]] for m, d in comparison.rows]
+        return ["## One worker 3x slower, fixed virtual time", "",
+                "Final test error (%) after the virtual time a homogeneous asynchronous run needs for the epochs "
+                "above (each worker's step takes 1 unit, the straggler's 3, with jitter); in brackets the training "
+                "examples processed, relative to ASGD's.", "",
+                table(["M", *(LABELS[m] for m in methods)], rows), "",
+                f"{LABELS[claim.worse]} - {LABELS[claim.better]}, paired:", "",
+                table(["M", "mean", "95% t interval", "Holm p", "verdict"], diffs), "",
+                f"![error against virtual time](results/error_vs_time_{self.task}.png)"]
+
+    def reference_section(self) -> List[str]:
+        methods = list(self.scale.reference_methods)
+        rows = [[str(w), *(ci_cell(list(errors(self.records, self.task, m, w, "round-robin").values()))
+                           for m in methods)] for w in self.scale.workers]
+        return ["## The paper's reference delays: round-robin (every gradient M-1 updates stale)", "",
+                table(["M", *(LABELS[m] for m in methods)], rows)]
+
+    # -- the real system
+    def real_section(self) -> List[str]:
+        w = self.scale.mpi_workers
+        rows = []
+        for m in self.scale.mpi_methods:
+            real = [r for r in select(self.records, source="mpi", task=self.task, method=m, step_time=0.0)]
+            seeds = sorted(r["seed"] for r in real)
+            simulated = errors(self.records, self.task, m, w)
+            replays = {r["seed"]: r for r in select(self.records, source="simulator", task=self.task, method=m,
+                                                    delay="trace")}
+            same = sum(1 for r in real if r["seed"] in replays and replays[r["seed"]]["checksum"] == r["checksum"])
+            rows.append([LABELS[m], ci_cell([100 * r["final_error"] for r in real]),
+                         ci_cell([simulated[s] for s in seeds if s in simulated]),
+                         f"{same} of {len(real)}" if m in ASYNC else "(synchronous: no replay)"])
+        return ["## The real system against the simulator (M=%d)" % w, "",
+                "Final test error (%) of the real MPI runs (as fast as they go) and of the event-driven simulator "
+                "on the same seeds; each asynchronous real run's server trace replayed in the simulator "
+                "(`TraceOrder`) on the same batches and initial weights, compared by a SHA-256 of the final "
+                "weights.", "",
+                table(["method", "real MPI", "simulator (event-driven)", "replays bit-identical"], rows), "",
+                "![staleness](results/staleness.png)"]
+
+    def timed_section(self) -> List[str]:
+        rows, retention_rows = [], []
+        target = TASKS[self.task].target_error
+        for m in self.scale.timed_methods:
+            by_straggler = {}
+            for straggler in (1.0, 3.0):
+                found = [r for r in select(self.records, source="mpi", task=self.task, method=m)
+                         if r["step_time"] and r["straggler"] == straggler]
+                if not found:
+                    continue
+                rates = {r["repeat"]: sum(s for s, _ in r["per_worker"]) / max(t for _, t in r["per_worker"])
+                         for r in found}
+                reach = [first_below(r["curve"], target) for r in found]
+                reached = [t for t in reach if t is not None]
+                by_straggler[straggler] = rates
+                rows.append([LABELS[m], f"{straggler:g}x", len(found),
+                             f"{mean(rates.values()):.0f} ({min(rates.values()):.0f}-{max(rates.values()):.0f})",
+                             f"{mean(reached):.2f}" + (f" ({len(reached)} of {len(reach)})"
+                                                       if len(reached) != len(reach) else "") if reached else "not reached",
+                             ci_cell([100 * r["final_error"] for r in found])])
+            if len(by_straggler) == 2:
+                pairs = sorted(set(by_straggler[1.0]) & set(by_straggler[3.0]))
+                ratio = mean(by_straggler[3.0][k] / by_straggler[1.0][k] for k in pairs)
+                predicted = claims.predicted_retention(m in SYNC, self.scale.mpi_workers)
+                close = abs(ratio - predicted) <= claims.THROUGHPUT_TOLERANCE
+                retention_rows.append([LABELS[m], f"{predicted:.2f}", f"{ratio:.2f}",
+                                       "as predicted" if close else f"off by {ratio - predicted:+.2f}"])
+        task = TASKS[self.task]
+        return ["## Time that means something: real runs padded to a step time", "",
+                f"M={self.scale.mpi_workers}, every step padded to {1000 * self.scale.step_time:.0f} ms (a sleep after "
+                f"the computation, so that {self.scale.mpi_workers + 1} processes on this machine's cores measure the "
+                f"protocol), {self.scale.timed_seconds:g} s of training, the schedule following the time; with a "
+                f"straggler the last worker's steps take 3 times as long. {self.scale.timed_repeats} repeats, "
+                "interleaved (repeat, then straggler, then method), one at a time. samples/s: all workers' samples "
+                "over the longest worker's time, mean (min-max); seconds to the target: the first of worker 0's "
+                f"evaluations (after each of its epochs) at or below {100 * task.target_error:.0f}% test error.", "",
+                table(["method", "straggler", "runs", "samples/s", f"s to {100 * target:.0f}%", "final error %"], rows),
+                "", "Throughput kept with the straggler (samples/s with it over without, paired by repeat):", "",
+                table(["method", "predicted", "measured", "verdict"], retention_rows)]
+
+    def tuning_section(self) -> List[str]:
+        rows = []
+        chosen = tuned_values(self.scale, self.records)
+        by_key = {r["key"]: r for r in self.records if "failed" not in r}
+        for key, method in METHODS.items():
+            if not method.grid or key not in self.scale.main_methods:
+                continue
+            found = tuning_errors(by_key, self.scale, self.task, key)
+            for value in method.grid:
+                errs = found.get(value)
+                rows.append([method.label, method.tuned, f"{value:g}",
+                             f"{100 * mean(errs):.2f}" if errs else "not run",
+                             "chosen" if chosen.get((self.task, key)) == value else ""])
+        return ["## Tuning on the validation split", "",
+                f"Mean final validation error (%) over seeds {', '.join(map(str, TUNING_SEEDS))} and M = "
+                f"{', '.join(map(str, self.scale.tune_workers))}; each method tuned over three values (SSGD's "
+                "scale as a fraction of M).", "", table(["method", "tuned", "value", "validation error", ""], rows), "",
+                "![tuning sweep](results/lambda_sweep.png)"]
+
+    # -- verdicts
+    def record_verdicts(self, key: str, comparison: Comparison, penalty: bool) -> None:
+        verdicts = {}
+        for m, d in comparison.rows:
+            shown = True
+            if penalty:
+                p = self.penalties.at(m)
+                shown = p is not None and claims.penalty_shown(p.t_interval, p.mean)
+            verdicts[m] = claims.verdict(d.t_interval, comparison.adjusted[m], shown)
+        self.verdicts[key] = verdicts
+
+    def verdict_section(self) -> List[str]:
+        rows = []
+        within = Comparison(self.records, self.task, "adaptive", "sgd", [w for w in (4, 8) if w in self.scale.workers])
+        for m, d in within.rows:
+            rows.append(["1. DC-ASGD-a within 0.5 of SGD", m, f"{d.mean:+.2f} {interval(d.t_interval)}",
+                         claims.within_verdict(d.t_interval)])
+        self.verdicts["within"] = {m: claims.within_verdict(d.t_interval) for m, d in within.rows}
+        for i, claim in enumerate(claims.CLAIMS, 2):
+            if not {claim.worse, claim.better} <= set(self.scale.main_methods):
+                continue
+            comparison = Comparison(self.records, self.task, claim.worse, claim.better, self.scale.workers,
+                                    claim.setting)
+            self.record_verdicts(claim.key, comparison, claim.needs_penalty)
+            for m, d in comparison.rows:
+                rows.append([f"{i}. {LABELS[claim.better]} below {LABELS[claim.worse]}"
+                             + (" (one slow worker)" if claim.setting == "one-slow" else ""), m,
+                             f"{d.mean:+.2f} {interval(d.t_interval)}", self.verdicts[claim.key][m]])
+        growth = self.growth()
+        if growth is not None:
+            rows.append([f"{len(claims.CLAIMS) + 2}. the gap grows with M",
+                         f"{self.scale.workers[-1]} vs {self.scale.workers[0]}",
+                         f"{growth.mean:+.2f} {interval(growth.t_interval)}", claims.growth_verdict(growth.t_interval)])
+        return ["## Verdicts", "", "Each prediction, at each M, by the rules above (difference: mean and 95% t "
+                "interval, points).", "", table(["claim", "M", "difference", "verdict"], rows)]
+
+    def growth(self) -> Optional[Difference]:
+        """Per seed, (ASGD - DC-ASGD-a) at the largest M minus at the smallest."""
+        small, large = self.scale.workers[0], self.scale.workers[-1]
+        if small == large:
+            return None
+        gaps = {}
+        for w in (small, large):
+            a, d = errors(self.records, self.task, "none", w), errors(self.records, self.task, "adaptive", w)
+            gaps[w] = {s: a[s] - d[s] for s in set(a) & set(d)}
+        seeds = sorted(set(gaps[small]) & set(gaps[large]))
+        if len(seeds) < 2:
+            return None
+        return paired_difference([gaps[large][s] for s in seeds], [gaps[small][s] for s in seeds])
+
+    def reading_section(self) -> List[str]:
+        lines = ["## Reading: when to use which", ""]
+        for w in self.scale.workers:
+            means = {m: mean(v.values()) for m in self.scale.main_methods if m != "sgd"
+                     for v in [errors(self.records, self.task, m, w)] if v}
+            if len(means) < 2:
+                continue
+            best, runner = sorted(means, key=means.get)[:2]
+            d = Comparison(self.records, self.task, runner, best, [w]).at(w)
+            separated = d is not None and d.t_interval[0] > 0
+            lines.append(f"- M={w}, fixed epochs: lowest error {LABELS[best]} ({means[best]:.2f}%), then "
+                         f"{LABELS[runner]} ({means[runner]:.2f}%): "
+                         + ("the gap is outside the noise." if separated else "the two are within the noise."))
+        for w in self.scale.workers:
+            means = {m: mean(100 * r["final_error"] for r in found) for m in self.scale.slow_methods
+                     for found in [select(self.records, source="simulator", task=self.task, method=m, workers=w,
+                                          delay="one-slow")] if found}
+            if means:
+                best = min(means, key=means.get)
+                lines.append(f"- M={w}, one slow worker, fixed time: lowest error {LABELS[best]} ({means[best]:.2f}%).")
+        return lines
+
+    def headline(self) -> List[str]:
+        """Two lines for the README, from the verdicts."""
+        if not self.verdicts:
+            self.verdict_section()
+        dc = self.verdicts.get("dc-a-over-asgd", {})
+        penalties = ", ".join(f"M={m}: {d.mean:+.1f}" for m, d in self.penalties.rows)
+        straggler = self.verdicts.get("async-over-ssgd-with-straggler", {})
+        name = {"fashion": "Fashion-MNIST", "digits": "digits"}[self.task]
+        return [f"On {name} ({self.scale.seeds} paired seeds), ASGD's penalty over sequential SGD is {penalties} "
+                "points; DC-ASGD-a below ASGD: " + ", ".join(f"M={m} {v}" for m, v in dc.items()) + ".",
+                "With one worker 3x slower at a fixed time, DC-ASGD-a below tuned SSGD: "
+                + ", ".join(f"M={m} {v}" for m, v in straggler.items())
+                + ". Details, intervals and the other methods: [docs/RESULTS.md](docs/RESULTS.md)."]
+
+    def commands(self) -> List[str]:
+        return ["## Commands", "", "```bash",
+                "python benchmarks/evidence/pilot.py          # the pilot (results/pilot.json), a few minutes",
+                "python benchmarks/evidence/run.py            # every run of this page, resumable, about 45 minutes",
+                "python benchmarks/evidence/run.py --quick    # digits, a few minutes (another --out)",
+                "python benchmarks/evidence/report.py         # this page from the records, seconds",
+                "```", "", "Every run's settings, command line (real runs) and results are in "
+                "`results/evidence.json`."]
+
+    def failed_section(self) -> List[str]:
+        failed = [r for r in self.records if "failed" in r]
+        return ["## Runs that failed", "", *([f"- {key_of(r)}: {' / '.join(r['failed'][-3:])}" for r in failed]
+                                             or ["None."])]
 
 
-def wallclock_reading(rows: List[Dict], cores: Optional[int]) -> List[str]:
-    """Speed-ups and what the straggler costs, with how far timings on
-    ``cores`` shared cores (None: not recorded) can be trusted."""
-    cores_text = f"{cores} cores" if cores else "cores"
-    lines = []
-    rate = {(r["method"], r["straggler"]): sum(n for n, _ in r["per_worker"]) / max(s for _, s in r["per_worker"])
-            for r in rows if "failed" not in r}
-    sgd = rate.get(("sgd", 1.0))
-    if sgd:
-        lines.append("- Speed-up in samples/s over sequential SGD, no straggler: " + ", ".join(
-            f"{LABELS[m]} {v / sgd:.2f}x" for (m, s), v in rate.items() if s == 1.0 and m != "sgd")
-            + f" (every process -- the server and the workers -- shares the machine's {cores_text}).")
-    stragglers = sorted({s for _, s in rate} - {1.0})
-    seconds = [max(s for _, s in r["per_worker"]) for r in rows if "failed" not in r]
-    for s in stragglers:
-        kept = {m: rate[(m, s)] / rate[(m, 1.0)] for m in STRAGGLER_METHODS
-                if (m, s) in rate and (m, 1.0) in rate}
-        lines.append(f"- With one worker {s:g}x slower, the fraction of its own samples/s each method keeps: "
-                     + ", ".join(f"{LABELS[m]} {v:.2f}" for m, v in kept.items())
-                     + ". Every worker trains the same number of epochs, so the job ends when the straggler does, "
-                     f"whatever the method. These runs last {min(seconds):.1f} to {max(seconds):.1f} s on "
-                     f"{cores_text} that every process shares, so run-to-run noise is as large as these "
-                     "differences" + (" (a fraction above 1 can only be noise)" if max(kept.values(), default=0) > 1
-                                      else "")
-                     + ": they show that each method runs with a straggler, not which one copes best; the delay "
-                     "models above compare the methods under controlled delays.")
-    return lines
-
-
-# --- the page -----------------------------------------------------------------
-def page(evidence: Dict, scale: Scale) -> str:
-    """RESULTS.md's text: a function of the evidence alone."""
-    records, sessions = evidence["records"], evidence["sessions"]
-    cores = sessions[-1]["cores"] if sessions else None
-    text = ["# Results: DC-ASGD at CPU scale", "", *provenance(evidence["scale"], sessions), "",
-            "Quick and tiny scales run fewer epochs and seeds than the full one: their numbers show the shape of "
-            "the comparison, not converged errors." if evidence["scale"] != "full" else "", "",
-            *setup(scale), *table1_section(records, scale), *sweep_section(records, scale),
-            *delay_section(records, scale), *wallclock_section(records, scale, cores),
-            *cost_section(records, scale), *failed_section(records),
-            "", "## Commands", "", "```bash",
-            "python benchmarks/evidence/run.py            # this page, full scale",
-            "python benchmarks/evidence/run.py --quick    # a few minutes",
-            ".venv/bin/python -m pytest -q tests/test_simulator.py tests/test_evidence.py",
-            "```", "", "Every real run's command line and result are in `results/evidence.json`."]
-    return "\n".join(text) + "\n"
-
-
-def provenance(scale_name: str, sessions: List[Dict]) -> List[str]:
-    """The command, the time it took, the machine and its load, as ``run.py``
-    recorded them in its sessions (a resumed run has several)."""
-    if not sessions:
-        command = "python benchmarks/evidence/run.py" + ("" if scale_name == "full" else f" --scale {scale_name}")
-        return [f"Generated by `{command}` ({scale_name} scale). Its evidence.json predates the recording of "
-                "the run's duration, machine and load."]
-    first, last = sessions[0], sessions[-1]
-    minutes = sum(s["seconds"] for s in sessions) / 60
-    timed = sum(s["timed_seconds"] for s in sessions) / 60
-    resumed = f" in {len(sessions)} sessions, each resuming the one before," if len(sessions) > 1 else ""
-    loads = first["load_before"] + last["load_after"]
-    return [
-        f"Generated by `{last['command']}` ({scale_name} scale){resumed} in {minutes:.1f} minutes "
-        f"({timed:.1f} of them the real runs whose timings are reported, one at a time; the other "
-        "real runs shared the cores with the simulator runs, which changes their order of pushes as any load "
-        "would, and nothing else).",
-        f"Machine: {last['machine']}. Load average (1, 5, 15 min) before the run "
-        f"{', '.join(f'{x:.1f}' for x in first['load_before'])}, after "
-        f"{', '.join(f'{x:.1f}' for x in last['load_after'])}"
-        + (": the machine was shared with other work during the run, so absolute timings are noisy; "
-           "ratios come from runs made minutes apart." if max(loads) > last["cores"] else "."),
-    ]
-
-
-def setup(scale: Scale) -> List[str]:
-    return [
-        "## Set-up",
-        "",
-        "Methods as in the paper: sequential SGD (one worker), ASGD (`none`), SSGD (`sync`: the server averages "
-        "one gradient of every worker per update), DC-ASGD-c (`constant`) and DC-ASGD-a (`adaptive`, MeanSquare "
-        "momentum 0.95, eps 1e-7). Every method trains the same model from the same initial weights, "
-        "with plain SGD (no momentum, no weight decay) on the server, the same epochs and the same step schedule "
-        "(learning rate / 10 at 50% and 75% of the epochs, each worker sending the rate of its own epoch). "
-        "Worker m trains on the shard m, m+M, ... of the training set, reshuffled every epoch "
-        "(`hvd_dcasgd.simulator.worker_batches`); an epoch is one pass over the training set by all workers together.",
-        "",
-        table(["task", "data", "model", "epochs", "batch per worker", "lr", "lambda_0 (c / a)"], [
-            [t, "{} train / {} test".format(*TASKS[t].sizes), TASKS[t].model.__name__, scale.epochs_of(t),
-             TASKS[t].batch_size, TASKS[t].lr, f"{TASKS[t].lambda_constant:g} / {TASKS[t].lambda_adaptive:g}"]
-            for t in scale.tasks]),
-        "",
-        "digits is scikit-learn's 1,797 real 8x8 handwritten digits (fixed 80/20 split); mnist1d is MNIST-1D "
-        "generated by the `mnist1d` package with its default arguments (no download). The models are in "
-        "`benchmarks/evidence/tasks.py`; lambda_0 are the paper's CIFAR-10 values.",
-        "",
-        "The simulator (`hvd_dcasgd.simulator.simulate`) runs M virtual workers in one process against the "
-        "project's own `ParameterServer` on MPI windows of one rank; its delay model decides whose push the "
-        "server applies next. Table 1 uses round-robin (every gradient M-1 updates stale, the paper's analysis). "
-        "Real rows are `mpirun -np M+1 python benchmarks/evidence/train_mpi.py` (rank 0 the server), on the "
-        "same batches.",
-        "",
-    ]
-
-
-def table1_section(records: List[Dict], scale: Scale) -> List[str]:
-    text = ["## Table 1 at CPU scale: final test error (%), mean ± std over seeds", "",
-            f"Simulator: {scale.seeds} seeds; real MPI runs: {scale.mpi_seeds} seed(s). Paper (CIFAR-10, ResNet-20): "
-            "M=4 ASGD 9.27, SSGD 9.17, DC-ASGD-c 8.67, DC-ASGD-a 8.19; M=8 10.26, 10.10, 9.27, 8.57; sequential 8.65.",
-            ""]
-    for task in scale.tasks:
-        text += [f"### {task}", "", table1(records, task, scale), "", f"![error vs epoch](results/error_vs_epoch_{task}.png)", ""]
-    return text + ["### Reading, computed from the numbers above", "", *reading(records, scale), ""]
-
-
-def sweep_section(records: List[Dict], scale: Scale) -> List[str]:
-    text = ["## lambda_0 sweep (simulator, round-robin)", ""]
-    for task in scale.tasks:
-        text += [f"### {task}, M={scale.sweep_workers}", "", sweep_table(records, task, scale.sweep_workers, {
-            m: sorted({TASKS[task].lambda_0(m), *v}) for m, v in scale.lambdas.items()}), ""]
-    return text + ["![lambda sweep](results/lambda_sweep.png)", ""]
-
-
-def delay_section(records: List[Dict], scale: Scale) -> List[str]:
-    workers = scale.mpi_workers[0]
-    text = ["## Delay models against the real system", "",
-            f"Final test error (%) at M={workers} when the server takes the pushes in the order of each delay model "
-            "(heavy-tailed: a quarter of the workers 3x slower, log-normal jitter of width 1), and in the real runs.", ""]
-    for task in scale.tasks:
-        text += [f"### {task}", "", delay_table(records, task, workers, scale.delay_models), ""]
-    text += ["![staleness](results/staleness.png)", "",
-             "The simulator replaying a real run's trace (`TraceOrder`) on the same batches and initial weights:", ""]
-    for task in scale.tasks:
-        replay, worst = replay_table(records, task)
-        text += [f"### {task}", "", replay, "",
-                 f"Largest difference: {worst:.2f} points." if not math.isnan(worst) else "", ""]
-    return text
-
-
-def wallclock_section(records: List[Dict], scale: Scale, cores: Optional[int]) -> List[str]:
-    workers = scale.mpi_workers[0]
-    text = ["## Wall-clock and throughput (real MPI runs, one each)", ""]
-    for task in scale.tasks:
-        rows = wallclock_rows(records, task, workers)
-        if not any(r["straggler"] != 1.0 for r in rows) and task != scale.tasks[0]:
-            continue
-        text += [f"### {task}, M={workers}", "", wallclock_table(rows, task), "",
-                 "samples/s: all workers' samples over the job's time (until the last worker finishes). "
-                 "Sum of workers' samples/s: each worker's samples over its own training time. "
-                 "Seconds to the target: the first of worker 0's evaluations (after each of its epochs) at or "
-                 "below it. The straggler is the last worker: after each step it sleeps (factor - 1) times "
-                 "that step's measured compute.", "", *wallclock_reading(rows, cores), "",
-                 f"![error vs seconds](results/error_vs_seconds_{task}.png)", ""]
-    return text
-
-
-def cost_section(records: List[Dict], scale: Scale) -> List[str]:
-    """Server updates/s of the timed runs, and of the server-bound benchmark."""
-    workers, text = scale.mpi_workers[0], ["## The compensation's cost", ""]
-    rates = {r["method"]: r.get("server_updates_per_s") for r in wallclock_rows(records, scale.tasks[0], workers)
-             if "failed" not in r and r["straggler"] == 1.0 and r["method"] in ASYNC}
-    if rates.get("none") and rates.get("adaptive"):
-        text.append(f"- The timed {scale.tasks[0]} runs above, M={workers}: server updates/s "
-                    + ", ".join(f"{LABELS[m]} {v:.1f}" for m, v in rates.items())
-                    + f" (DC-ASGD-a / ASGD {rates['adaptive'] / rates['none']:.2f}); there the workers' compute, "
-                    "not the server, sets the rate.")
-    for bench in select(records, source="bench"):
-        rates = bench["updates_per_s"]
-        if rates:
-            text.append(f"- Server-bound (`{in_repository(bench['command'])}`: 4 workers push precomputed "
-                        "gradients of a 1M-parameter model as fast as the server answers), updates/s and ratio to "
-                        "ASGD (`none`) in the same setting: "
-                        + ", ".join(f"{m} {v:.1f} ({v / rates['none' + m[len(m.split()[0]):]]:.2f})"
-                                    for m, v in rates.items()) + ".")
-    return text
-
-
-def in_repository(command: str) -> str:
-    """``command`` with the repository it ran in (the folder holding
-    ``benchmarks/``) left out of its paths, as if run from there."""
-    root = re.search(r"(\S*/)benchmarks/", command)
-    return command.replace(root.group(1), "") if root else command
-
-
-def failed_section(records: List[Dict]) -> List[str]:
-    failed = [r for r in records if "failed" in r]
-    return ["", "## Runs that failed", "", *([
-        f"- {key_of(r)}" + (f": `{r['command']}`" if "command" in r else "")
-        + f" ended with: {' / '.join(r['failed'][-3:])}" for r in failed] or ["None."])]
+def first_below(curve: List[List[float]], target: float) -> Optional[float]:
+    """Seconds at the first evaluation at or below ``target`` (a fraction)."""
+    return next((seconds for _, seconds, error in curve if error <= target), None)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="RESULTS.md and the plots from the recorded evidence.")
     parser.add_argument("--out", default="docs", help="reads OUT/results/evidence.json, writes OUT/RESULTS.md")
-    out = Path(parser.parse_args().out)
-    names = write_report(out)
+    parser.add_argument("--readme", default=None, help="the README whose headline to rewrite "
+                        "(default: README.md next to docs/ when --out is docs)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    readme = Path(args.readme) if args.readme else (out.parent / "README.md" if out.name == "docs" else None)
+    names = write_report(out, readme)
     print(f"wrote {out / 'RESULTS.md'} and {len(names)} plots", flush=True)
 
 

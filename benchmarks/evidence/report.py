@@ -53,6 +53,12 @@ def write_report(out: Path, readme: Optional[Path] = None) -> List[str]:
     return names
 
 
+def default_readme(out: Path) -> Optional[Path]:
+    """This repository's README when ``out`` is its docs folder, else None."""
+    root = Path(__file__).resolve().parent.parent.parent
+    return root / "README.md" if Path(out).resolve() == root / "docs" else None
+
+
 def update_readme(readme: Path, lines: List[str]) -> None:
     """Replace what lies between the headline markers of ``readme``."""
     text = readme.read_text()
@@ -506,11 +512,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="RESULTS.md and the plots from the recorded evidence.")
     parser.add_argument("--out", default="docs", help="reads OUT/results/evidence.json, writes OUT/RESULTS.md")
     parser.add_argument("--readme", default=None, help="the README whose headline to rewrite "
-                        "(default: README.md next to docs/ when --out is docs)")
+                        "(default: this repository's, when --out is its docs/)")
     args = parser.parse_args()
     out = Path(args.out)
-    readme = Path(args.readme) if args.readme else (out.parent / "README.md" if out.name == "docs" else None)
-    names = write_report(out, readme)
+    names = write_report(out, Path(args.readme) if args.readme else default_readme(out))
     print(f"wrote {out / 'RESULTS.md'} and {len(names)} plots", flush=True)
 
 

@@ -260,9 +260,9 @@ def main() -> None:
         run_all(scale, recorder, work, args.jobs)
         print(f"ran {recorder.session['runs']} runs in {recorder.session['seconds'] / 60:.1f} min", flush=True)
     if args.report:
-        from report import write_report
+        from report import default_readme, write_report
 
-        names = write_report(out)
+        names = write_report(out, default_readme(out))
         print(f"wrote {out / 'RESULTS.md'} and {len(names)} plots", flush=True)
 
 

@@ -3,15 +3,20 @@
 A *compensation* turns the gradient ``g`` that worker m computed on the
 weights ``w_bak(m)`` into the gradient applied to the current weights ``w``.
 Each is one small class in :data:`COMPENSATIONS`, registered with
-:func:`register_compensation`: it declares the per-element state it keeps
+:func:`register_compensation`: it declares the state it keeps
 (:meth:`CompensationRule.state`), transforms a gradient
-(:meth:`CompensationRule.compensate_`) and, when the fused C kernel computes
-it, says how (:meth:`CompensationRule.kernel`).  The built-in ones:
+(:meth:`CompensationRule.compensate_`, told about the push by a :class:`Push`)
+and, when the fused C kernel computes it, says how
+(:meth:`CompensationRule.kernel`).  The built-in ones:
 
 * ``none`` (ASGD): ``g``;
 * ``constant`` (DC-ASGD-c): ``g + lambda_0 * g * g * (w - w_bak(m))``;
 * ``adaptive`` (DC-ASGD-a): ``MeanSquare = m * MeanSquare + (1 - m) * g * g``,
-  then ``g + lambda_0 / sqrt(MeanSquare + eps) * g * g * (w - w_bak(m))``.
+  then ``g + lambda_0 / sqrt(MeanSquare + eps) * g * g * (w - w_bak(m))``;
+* ``staleness`` (staleness-aware learning rate, Zhang et al., IJCAI 2016):
+  ``g / max(1, tau)``, tau the push's staleness;
+* ``gap_aware`` (Gap-Aware, Barkai et al., ICLR 2020):
+  ``g / (1 + |w - w_bak(m)| / C)``, C the typical size of one step.
 
 The paper's formula is :func:`dcasgd_`, shaped like ``torch.optim.sgd``: a
 single-tensor reference that reads like Eq. 10, a multi-tensor (``foreach``)
@@ -23,9 +28,11 @@ optimizer's step -- is :mod:`hvd_dcasgd.update`.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Dict, List, NamedTuple, Optional, Sequence, Type
+from typing import Callable, ClassVar, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Type
 
 import torch
 from torch import Tensor
@@ -36,12 +43,13 @@ from .errors import HvdDcasgdValueError
 __all__ = [
     "COMPENSATIONS", "Compensation", "CompensationRule", "CompensationState", "GLOBAL", "KernelCall", "LR_SCALINGS",
     "MODES",
-    "PER_WORKER", "SCHEDULES", "compensation_rule", "dcasgd_", "register_compensation",
+    "PER_GROUP", "PER_WORKER", "Push", "SCHEDULES", "compensation_rule", "dcasgd_", "register_compensation",
 ]
 
-#: Where a compensation's state lives: one tensor shared by every worker
-#: (the paper's MeanSquare) or one per worker (the authors' code).
-GLOBAL, PER_WORKER = "global", "per_worker"
+#: Where a compensation's state lives: one tensor shaped like the model,
+#: shared by every worker (the paper's MeanSquare) or one per worker (the
+#: authors' code); or ``PER_GROUP``, one number per param group, shared.
+GLOBAL, PER_WORKER, PER_GROUP = "global", "per_worker", "per_group"
 
 #: How the server takes pushes: each on its own as it arrives (``async``:
 #: ASGD and DC-ASGD), or one averaged update per round of one push from every
@@ -64,6 +72,23 @@ FUSED_CHUNK = 262144
 
 
 # --- the registry -----------------------------------------------------------
+class Push(NamedTuple):
+    """What a compensation may know of the push it compensates.
+
+    ``staleness``: the updates the server applied since the weights the
+    gradient was computed on, ``w_bak(m)``, were sent to the worker (0: the
+    gradient is fresh, as on the ``sync`` schedule, where every worker of a
+    round holds the current weights).  ``lrs``: the learning rate of each
+    param group, as the optimizer applies it (after ``lr_scaling``).
+    ``group_ranges``: each param group's ``[start, end)`` in the flat
+    gradient; with several tensors, in their concatenation (the server passes
+    one flat tensor)."""
+
+    staleness: int
+    lrs: Sequence[float]
+    group_ranges: Sequence[Tuple[int, int]]
+
+
 class KernelCall(NamedTuple):
     """How the C kernel computes a compensation: its ``lambda_0`` and the name
     of the state tensor it uses as MeanSquare (``None``: a constant lambda)."""
@@ -82,17 +107,31 @@ class CompensationRule:
     default_lambda_0: ClassVar[float] = 0.0
 
     def state(self, settings: "Compensation") -> Dict[str, str]:
-        """The per-element tensors this rule keeps, zero at the start, by
-        name, each :data:`GLOBAL` or :data:`PER_WORKER`."""
+        """The tensors this rule keeps, zero at the start, by name: each
+        :data:`GLOBAL` or :data:`PER_WORKER` (per element, like the model)
+        or :data:`PER_GROUP` (one number per param group)."""
         return {}
 
     def compensate_(self, grads: List[Tensor], weights: List[Tensor], backups: List[Tensor],
-                    state: Dict[str, List[Tensor]], settings: "Compensation", *, impl: str) -> None:
+                    state: Dict[str, List[Tensor]], settings: "Compensation", *, impl: str,
+                    push: Optional[Push] = None) -> None:
         """Replace each of ``grads`` by its compensated value, in place.
         ``state`` holds this worker's state tensors, one list entry per
-        gradient; ``impl`` is ``"reference"``, ``"foreach"`` or ``"fused"``
-        (a rule with one implementation may ignore it)."""
+        gradient (a :data:`PER_GROUP` one: its first entry); ``impl`` is
+        ``"reference"``, ``"foreach"`` or ``"fused"`` (a rule with one
+        implementation may ignore it); ``push`` tells about the push
+        (:class:`Push`).  A rule whose ``compensate_`` has no ``push``
+        parameter is called without it."""
         raise NotImplementedError
+
+    def run_(self, grads: List[Tensor], weights: List[Tensor], backups: List[Tensor],
+             state: Dict[str, List[Tensor]], settings: "Compensation", *, impl: str, push: Push) -> None:
+        """What the server's update calls: :meth:`compensate_`, given ``push``
+        where it takes one."""
+        if _takes_push(type(self).compensate_):
+            self.compensate_(grads, weights, backups, state, settings, impl=impl, push=push)
+        else:
+            self.compensate_(grads, weights, backups, state, settings, impl=impl)
 
     def kernel(self, settings: "Compensation") -> Optional[KernelCall]:
         """How the fused C kernel computes this rule together with SGD's
@@ -123,8 +162,33 @@ def compensation_rule(name: str) -> CompensationRule:
         ) from None
 
 
+@functools.lru_cache(maxsize=None)
+def _takes_push(compensate: Callable) -> bool:
+    parameters = inspect.signature(compensate).parameters.values()
+    return any(p.name == "push" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 def _impl_flags(impl: str) -> Dict[str, bool]:
     return {"foreach": impl == "foreach", "fused": impl == "fused"}
+
+
+def _the_push(rule: CompensationRule, push: Optional[Push]) -> Push:
+    if push is None:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: the {rule.name!r} compensation needs the push (push=Push(...))")
+    return push
+
+
+def _group_slices(sizes: Sequence[int],
+                  group_ranges: Sequence[Tuple[int, int]]) -> Iterator[Tuple[int, int, int, int]]:
+    """``(tensor, start, end, group)`` for each piece of a param group in one
+    of the tensors, ``group_ranges`` indexing their concatenation."""
+    offset = 0
+    for i, size in enumerate(sizes):
+        for group, (start, end) in enumerate(group_ranges):
+            lo, hi = max(start, offset), min(end, offset + size)
+            if lo < hi:
+                yield i, lo - offset, hi - offset, group
+        offset += size
 
 
 @register_compensation
@@ -133,7 +197,7 @@ class NoCompensation(CompensationRule):
 
     name = "none"
 
-    def compensate_(self, grads, weights, backups, state, settings, *, impl):
+    def compensate_(self, grads, weights, backups, state, settings, *, impl, push=None):
         pass
 
     def kernel(self, settings):
@@ -147,7 +211,7 @@ class ConstantCompensation(CompensationRule):
     name = "constant"
     default_lambda_0 = 0.04
 
-    def compensate_(self, grads, weights, backups, state, settings, *, impl):
+    def compensate_(self, grads, weights, backups, state, settings, *, impl, push=None):
         if settings.lambda_0 > 0:
             dcasgd_(grads, weights, backups, None, lambda_0=settings.lambda_0, **_impl_flags(impl))
 
@@ -165,13 +229,99 @@ class AdaptiveCompensation(CompensationRule):
     def state(self, settings):
         return {"mean_square": PER_WORKER if settings.per_worker_mean_square else GLOBAL}
 
-    def compensate_(self, grads, weights, backups, state, settings, *, impl):
+    def compensate_(self, grads, weights, backups, state, settings, *, impl, push=None):
         if settings.lambda_0 > 0:
             dcasgd_(grads, weights, backups, state["mean_square"], lambda_0=settings.lambda_0,
                     mean_square_momentum=settings.mean_square_momentum, eps=settings.eps, **_impl_flags(impl))
 
     def kernel(self, settings):
         return KernelCall(settings.lambda_0, "mean_square")
+
+
+@register_compensation
+class StalenessCompensation(CompensationRule):
+    """Staleness-aware learning rate: Zhang, Gupta, Lian, Liu, "Staleness-aware
+    Async-SGD for Distributed Deep Learning", IJCAI 2016, which applies a
+    gradient of staleness tau at the rate ``alpha / tau``.
+
+    Implemented as ``g / max(1, tau)`` before the optimizer's step, tau being
+    :attr:`Push.staleness`, the updates the server applied since ``w_bak(m)``
+    was sent (M - 1 for M workers in round-robin).  The paper takes tau >= 1;
+    a fresh gradient (tau = 0, one worker, the ``sync`` schedule) is applied
+    as it came.  For plain SGD this is exactly the rate divided by tau; with
+    momentum, Adam or weight decay it is the gradient fed to the optimizer
+    that is scaled, not the step (the weight decay term is not scaled, and
+    Adam's normalisation largely undoes the scaling)."""
+
+    name = "staleness"
+
+    def compensate_(self, grads, weights, backups, state, settings, *, impl, push=None):
+        tau = _the_push(self, push).staleness
+        if tau > 1:
+            for g in grads:
+                g.div_(tau)
+
+
+@register_compensation
+class GapAwareCompensation(CompensationRule):
+    """Gap-Aware: Barkai, Hakimi, Schuster, "Gap-Aware Mitigation of Gradient
+    Staleness", ICLR 2020 (arXiv 1909.10802): a stale gradient is divided,
+    element by element, by one plus its Gap, the distance between the weights
+    it was computed on and the current ones, in units of C, the typical
+    distance a parameter moves in one update:
+
+    * ``v = gamma * v + (1 - gamma) * g * g``, element-wise, over every push
+      (the raw gradient, before the penalty);
+    * ``C = eta_max * (sqrt(v / (1 - gamma^t)) + eps)``, with Adam's bias
+      correction after t updates, and eta_max the largest learning rate the
+      parameter's group has been applied with so far;
+    * ``g = g / (1 + |w - w_bak(m)| / C)``.
+
+    A fresh gradient (``w = w_bak(m)``) is applied as it came.  These are
+    the formulas of the Gap-Aware code of the authors' group for PyTorch
+    (``saareliad/FTPipe``, ``pipe/pipeline/gap_aware/sgd_gap_aware.py``,
+    ``GapAware.apply_on_theta``), defaults ``gamma = 0.999``, ``eps =
+    1e-8``.  Choices made here:
+
+    * ``v`` averages the squared pushed gradient, so C is the step of plain
+      SGD; that code averages the squared momentum buffer when SGD has
+      momentum, which the compensation, ahead of the user's optimizer, does
+      not see (with momentum the steps, so the Gap, are larger and the
+      penalty heavier);
+    * the weight decay term is not penalised (the optimizer computes it on
+      the current weights, which are not stale), where that code divides it
+      too;
+    * ``v``, its bias correction and eta_max are shared by all workers
+      (:data:`GLOBAL`, :data:`PER_GROUP`), as DC-ASGD-a's MeanSquare, and
+      updated once per server update; ``per_worker_mean_square``,
+      ``mean_square_momentum``, ``eps`` and ``lambda_0`` of the settings do
+      not apply: ``gamma`` and ``eps`` are this class's attributes;
+    * a group never applied at a rate above 0 is not penalised.
+    """
+
+    name = "gap_aware"
+    #: The momentum of the running average of g * g.
+    gamma: ClassVar[float] = 0.999
+    #: Added to the running average's square root.
+    eps: ClassVar[float] = 1e-8
+
+    def state(self, settings):
+        return {"square_average": GLOBAL, "average_weight": PER_GROUP, "max_lr": PER_GROUP}
+
+    def compensate_(self, grads, weights, backups, state, settings, *, impl, push=None):
+        push = _the_push(self, push)
+        gamma = self.gamma
+        weight, max_lr = state["average_weight"][0], state["max_lr"][0]
+        weight.mul_(gamma).add_(1 - gamma)  # 1 - gamma^t after t updates
+        torch.maximum(max_lr, torch.tensor(push.lrs, dtype=max_lr.dtype, device=max_lr.device), out=max_lr)
+        rate = max_lr.clamp(min=torch.finfo(max_lr.dtype).tiny)  # 0 / C = 0 where the group never moved
+        for i, start, end, group in _group_slices([g.numel() for g in grads], push.group_ranges):
+            g = grads[i].view(-1)[start:end]
+            v = state["square_average"][i].view(-1)[start:end]
+            v.mul_(gamma).addcmul_(g, g, value=1 - gamma)
+            c = torch.div(v, weight[group]).sqrt_().add_(self.eps).mul_(rate[group])
+            gap = torch.sub(weights[i].view(-1)[start:end], backups[i].view(-1)[start:end]).abs_()
+            g.div_(gap.div_(c).add_(1))
 
 
 #: The training modes a server understands by name: every built-in
@@ -234,13 +384,20 @@ class Compensation:
 
 
 class CompensationState:
-    """The state tensors a compensation keeps (MeanSquare), flat like the
-    model, zero at the start: one per worker or one shared, as the rule says."""
+    """The state tensors a compensation keeps (MeanSquare), zero at the start:
+    flat like the model, one per worker or one shared, or one number per
+    param group (shared), as the rule says."""
 
-    def __init__(self, settings: Compensation, like: Tensor, num_workers: int):
+    def __init__(self, settings: Compensation, like: Tensor, num_workers: int, num_groups: int = 1):
         self.scopes = settings.rule.state(settings)
+        for name, scope in self.scopes.items():
+            if scope not in (GLOBAL, PER_WORKER, PER_GROUP):
+                raise HvdDcasgdValueError(f"hvd_dcasgd: compensation state {name!r} has the scope {scope!r}; "
+                                          f"choose one of {GLOBAL}, {PER_WORKER}, {PER_GROUP}")
+        per_group = dict(dtype=torch.promote_types(like.dtype, torch.float32), device=like.device)
         self.tensors: Dict[str, List[Tensor]] = {
-            name: [torch.zeros_like(like) for _ in range(num_workers if scope == PER_WORKER else 1)]
+            name: [torch.zeros(num_groups, **per_group)] if scope == PER_GROUP else
+            [torch.zeros_like(like) for _ in range(num_workers if scope == PER_WORKER else 1)]
             for name, scope in self.scopes.items()
         }
 

@@ -156,7 +156,8 @@ class ParameterServer:
         if self.refuses(worker):
             return
         self.telemetry.record(self.updates, worker, self.updates - self.sent_at[worker])
-        self.update(self._wire_gradient(worker), self.backups[worker], worker, self.messages[worker].lrs.tolist())
+        self.update(self._wire_gradient(worker), self.backups[worker], worker, self.messages[worker].lrs.tolist(),
+                    staleness=self.updates - self.sent_at[worker])
         self.updates += 1
         self._send(worker)
 
@@ -175,7 +176,8 @@ class ParameterServer:
                 self.grad.add_(gradient)
         self.grad.div_(len(workers))
         first = workers[0]
-        self.update(self.grad, self.backups[first], first, self.messages[first].lrs.tolist())
+        self.update(self.grad, self.backups[first], first, self.messages[first].lrs.tolist(),
+                    staleness=self.updates - self.sent_at[first])
         self.updates += 1
         for m in workers:
             if m != first:

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from . import native
-from .compensation import Compensation, CompensationState
+from .compensation import Compensation, CompensationState, Push
 from .errors import HvdDcasgdValueError
 from .layout import ModelLayout, trained_parameters
 from .tensors import snapshot
@@ -122,6 +122,7 @@ def update_(
     group_ranges: Sequence[Tuple[int, int]],
     path: str,
     momentum: Optional[FlatMomentum] = None,
+    staleness: int = 0,
 ) -> None:
     """One server update for a gradient ``grad`` computed on ``backup``
     (w_bak(m)): compensate it against ``weights - backup``, step, and set
@@ -131,7 +132,10 @@ def update_(
     ``fused_sgd`` path, its gradients are views of ``grad``, which the
     compensation overwrites.  ``lrs`` are the pushing worker's learning rates,
     one per param group; ``state`` the compensation's state for this worker;
-    ``momentum`` the flat momentum buffers of the ``fused_sgd`` path.
+    ``momentum`` the flat momentum buffers of the ``fused_sgd`` path;
+    ``staleness`` the updates applied since ``backup`` was sent (the
+    compensation gets it, with ``lrs`` and ``group_ranges``, as a
+    :class:`~hvd_dcasgd.compensation.Push`).
     """
     for group, lr in zip(optimizer.param_groups, lrs):
         group["lr"] = lr
@@ -139,16 +143,19 @@ def update_(
         _fused_sgd_update(weights, grad, backup, state, compensation=compensation, optimizer=optimizer,
                           group_ranges=group_ranges, momentum=momentum)
     elif path in (REFERENCE, FOREACH, FUSED):
-        _compensate_then_step(weights, grad, backup, state, compensation=compensation, optimizer=optimizer, impl=path)
+        push = Push(staleness, tuple(lrs), tuple(group_ranges))
+        _compensate_then_step(weights, grad, backup, state, compensation=compensation, optimizer=optimizer, impl=path,
+                              push=push)
     else:
         raise HvdDcasgdValueError(f"hvd_dcasgd: unknown update path {path!r}; choose one of {', '.join(PATHS)}")
 
 
 def _compensate_then_step(weights: Tensor, grad: Tensor, backup: Tensor, state: Mapping[str, Tensor], *,
-                          compensation: Compensation, optimizer: torch.optim.Optimizer, impl: str) -> None:
+                          compensation: Compensation, optimizer: torch.optim.Optimizer, impl: str,
+                          push: Push) -> None:
     """The compensation rule's own implementation ``impl``, then the user's step."""
-    compensation.rule.compensate_([grad], [weights], [backup], {k: [v] for k, v in state.items()}, compensation,
-                                  impl=impl)
+    compensation.rule.run_([grad], [weights], [backup], {k: [v] for k, v in state.items()}, compensation,
+                           impl=impl, push=push)
     optimizer.step()
     backup.copy_(weights)
 
@@ -190,9 +197,9 @@ class ServerUpdate:
         self.weights, self.grad = weights, grad
         self.staged = staged
         self.requested_path = path
-        self.state = CompensationState(compensation, weights, num_workers)
-        self.lr_factor = compensation.lr_factor(num_workers)
         self.group_ranges = layout.group_ranges()
+        self.state = CompensationState(compensation, weights, num_workers, num_groups=len(self.group_ranges))
+        self.lr_factor = compensation.lr_factor(num_workers)
         self.choose_path()
 
     def choose_path(self) -> None:
@@ -207,14 +214,17 @@ class ServerUpdate:
         if self.path == FUSED_SGD and any(g["momentum"] != 0 for g in self.optimizer.param_groups):
             self.momentum = FlatMomentum(self.optimizer, self.layout, self.weights)
 
-    def __call__(self, gradient: Tensor, backup: Tensor, worker: int, lrs: Sequence[float]) -> None:
+    def __call__(self, gradient: Tensor, backup: Tensor, worker: int, lrs: Sequence[float],
+                 staleness: int = 0) -> None:
         """Apply ``gradient`` (as pushed: maybe a view of an inbox, maybe of
-        a narrower dtype), computed by ``worker`` on ``backup``."""
+        a narrower dtype), computed by ``worker`` on ``backup``, which was
+        sent ``staleness`` updates ago (a rule that reads it takes the
+        default, 0, as a fresh gradient)."""
         if self.path != FUSED_SGD or gradient.dtype != self.weights.dtype:
             gradient = self.grad if gradient is self.grad else self.grad.copy_(gradient)
         update_(self.weights, gradient, backup, self.state.of(worker), compensation=self.compensation,
                 optimizer=self.optimizer, lrs=[lr * self.lr_factor for lr in lrs], group_ranges=self.group_ranges,
-                path=self.path, momentum=self.momentum)
+                path=self.path, momentum=self.momentum, staleness=staleness)
         if self.lr_factor != 1.0:  # the optimizer's state shows the rate the workers set, as a checkpoint must
             for group, lr in zip(self.optimizer.param_groups, lrs):
                 group["lr"] = lr

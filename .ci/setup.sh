@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up everything hvd_dcasgd needs on a fresh Debian machine, idempotently:
-# Open MPI and Fashion-MNIST (the evidence's main task) from Debian's packages, a virtual environment in .venv with the CPU
-# build of torch 2.13.0, mpi4py, this project (with its test extras) and
-# Horovod 0.28.1 built for PyTorch + MPI.  HVD_DCASGD_WITHOUT_HOROVOD=1 skips
+# Open MPI and Fashion-MNIST (the evidence's main task) from Debian's
+# packages, a virtual environment in .venv with the CPU build of torch 2.13.0,
+# mpi4py, this project (with its test extras) and Horovod 0.28.1 built for
+# PyTorch + MPI.  HVD_DCASGD_WITHOUT_HOROVOD=1 skips
 # Horovod (everything Horovod-specific is then skipped with a message).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -15,7 +15,7 @@ import pytest
 from conftest import ROOT, mpirun, run
 
 EVIDENCE = ROOT / "benchmarks" / "evidence"
-TINY_RUNS = 30  # tiny scale: 12 tuning runs, 12 simulator runs, 4 timed and 1 untimed real runs, 1 replay
+TINY_RUNS = 32  # tiny scale: 12 tuning runs, 14 simulator runs, 4 timed and 1 untimed real runs, 1 replay
 
 
 def run_evidence(out: Path, work: Path):

@@ -99,8 +99,8 @@ SCALES = {
     "quick": Scale(("digits",), None, 4, (4, 8), (8,), ALL, ("none", "adaptive", "ssgd"), ("none", "adaptive"),
                    4, 1, ("sgd", "none", "adaptive", "ssgd"), ("none", "ssgd"), 1, 0.02, 3.0),
     # the test suite's end-to-end check: every step, at the smallest size
-    "tiny": Scale(("digits",), 2, 2, (2,), (2,), ("sgd", "none", "adaptive", "ssgd"), ("none", "ssgd"), ("none",),
-                  2, 1, ("adaptive",), ("none", "ssgd"), 1, 0.01, 1.5),
+    "tiny": Scale(("digits",), 2, 2, (2,), (2,), ("sgd", "none", "adaptive", "ssgd", "horovod"), ("none", "ssgd"),
+                  ("none",), 2, 1, ("adaptive",), ("none", "ssgd"), 1, 0.01, 1.5),
 }
 
 

@@ -10,9 +10,10 @@ from pathlib import Path
 from statistics import mean
 from typing import Dict, List
 
+import claims
 from plan import ASYNC, LABELS, METHODS, TUNING_SEEDS, Scale, key_of, simulator_spec
 from records import by_seed, select
-from stats import recovery_ratio
+from stats import paired_difference, recovery_ratio
 
 COLORS = {"sgd": "black", "none": "tab:red", "constant": "tab:blue", "adaptive": "tab:green",
           "staleness": "tab:brown", "gap_aware": "tab:cyan", "ssgd": "tab:orange", "horovod": "tab:purple",
@@ -64,19 +65,24 @@ def recovery(records: List[Dict], scale: Scale, task: str, out: Path) -> str:
             runs = [by_seed(records, source="simulator", task=task, method=m, delay="event", split="test",
                             workers=1 if m == "sgd" else workers) for m in ("none", method, "sgd")]
             seeds = sorted(set(runs[0]) & set(runs[1]) & set(runs[2]))
-            if len(seeds) >= 2:
+            if len(seeds) >= 2 and penalty_shown([runs[0][s] for s in seeds], [runs[2][s] for s in seeds]):
                 r = recovery_ratio(*([run[s] for s in seeds] for run in runs))
-                if r.defined:
-                    points.append((workers, r.value, r.interval))
+                points.append((workers, r.value, r.interval))
         if points:
             ax.errorbar([p[0] for p in points], [p[1] for p in points],
                         yerr=[[p[1] - p[2][0] for p in points], [p[2][1] - p[1] for p in points]],
                         color=COLORS[method], label=LABELS[method], marker="o", capsize=3)
-    ax.axhline(0, color="gray", lw=0.8)
+    ax.axhline(0, color="gray", lw=0.8)  # only where ASGD's penalty over SGD is shown
     ax.axhline(1, color="gray", lw=0.8, ls="--")
     ax.set_xscale("log", base=2)
     label_axes(ax, f"{task}: share of ASGD's loss recovered", "M", "R")
     return save(fig, out, "recovery_ratio.png", legend_on=[ax])
+
+
+def penalty_shown(asgd: List[float], sgd: List[float]) -> bool:
+    """Whether ASGD's penalty over SGD is shown (the rules of ``claims``)."""
+    d = paired_difference(asgd, sgd)
+    return claims.penalty_shown(d.t_interval, d.mean)
 
 
 def staleness(records: List[Dict], scale: Scale, task: str, out: Path) -> str:

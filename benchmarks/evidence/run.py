@@ -90,14 +90,20 @@ def simulate_run(spec: Dict, work: Path) -> Dict:
     task = TASKS[spec["task"]]
     train, validation, test = task.data(work / "data")
     order, until = delay_model(spec)
-    mode = "none" if spec["method"] == "sgd" else METHODS[spec["method"]].mode
-    compensation = Compensation(mode, spec["lambda_0"])
+    compensation = Compensation(simulated_mode(spec["method"]), spec["lambda_0"])
     result = simulate(task.model, train, validation if spec["split"] == "validation" else test,
                       compensation=compensation, workers=spec["workers"], epochs=spec["epochs"],
                       batch_size=task.batch_size, lr=rate(spec), delay=order, seed=spec["seed"], until=until)
     return {**spec, "final_error": result.final_error, "test_errors": result.test_errors, "times": result.times,
             "samples": result.samples, "virtual_seconds": result.seconds, "updates": result.updates,
             "checksum": result.checksum, "staleness": {str(s): n for s, n in sorted(result.staleness.items())}}
+
+
+def simulated_mode(method: str) -> str:
+    """The server mode that simulates ``method``: sequential SGD is one worker
+    of ASGD, Horovod's allreduce is the server's ``sync`` schedule (the
+    average of every worker's gradient per step, at the rate given)."""
+    return {"sgd": "none", "horovod": "sync"}.get(method, METHODS[method].mode)
 
 
 def rate(spec: Dict):

@@ -40,8 +40,9 @@ def curves(records: List[Dict], scale: Scale, task: str, delay: str, out: Path, 
     fig, axes = plt.subplots(1, len(scale.workers), figsize=(4 * len(scale.workers), 3.4), squeeze=False)
     for ax, workers in zip(axes[0], scale.workers):
         for method in methods:
-            found = select(records, source="simulator", task=task, method=method, delay=delay, split="test",
-                           workers=1 if method == "sgd" else workers)
+            found = [r for r in select(records, source="simulator", task=task, method=method, delay=delay,
+                                       split="test", workers=1 if method == "sgd" else workers)
+                     if not r.get("diverged")]
             if not found:
                 continue
             n = min(len(r["test_errors"]) for r in found)

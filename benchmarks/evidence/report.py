@@ -251,9 +251,12 @@ class Report:
                  "The paper (CIFAR-10, ResNet-20): M=4 ASGD 9.27, SSGD 9.17, DC-ASGD-c 8.67, DC-ASGD-a 8.19; "
                  "M=8 10.26, 10.10, 9.27, 8.57; sequential 8.65.", ""]
         methods = [m for m in self.scale.main_methods if m != "sgd"]
-        rows = [[str(w), *(ci_cell(list(errors(self.records, self.task, m, w).values())) for m in methods)]
+        rows = [[str(w), *(ci_cell(list(errors(self.records, self.task, m, w).values()))
+                           + diverged_note(self.records, self.task, m, w) for m in methods)]
                 for w in self.scale.workers]
         return lines + [table(["M", *(LABELS[m] for m in methods)], rows), "",
+                        "(k of n diverged): runs whose weights became NaN or Inf (the server refused the gradient "
+                        "that held them); they count at chance, 90% error. Curves leave them out.", "",
                         f"![error against epochs](results/error_vs_epoch_{self.task}.png)"]
 
     def comparisons(self) -> List[Tuple[str, Comparison]]:
@@ -304,14 +307,17 @@ class Report:
         methods = list(self.scale.slow_methods)
         rows = []
         for w in self.scale.workers:
-            asgd = select(self.records, source="simulator", task=self.task, method="none", workers=w, delay="one-slow")
+            asgd = [r for r in select(self.records, source="simulator", task=self.task, method="none", workers=w,
+                                      delay="one-slow") if "samples" in r]
             base = mean(r["samples"] for r in asgd) if asgd else None
             cells = []
             for m in methods:
                 found = select(self.records, source="simulator", task=self.task, method=m, workers=w,
                                delay="one-slow")
-                share = f" ({mean(r['samples'] for r in found) / base:.2f})" if found and base else ""
-                cells.append(ci_cell([100 * r["final_error"] for r in found]) + share)
+                counted = [r["samples"] for r in found if "samples" in r]
+                share = f" ({mean(counted) / base:.2f})" if counted and base else ""
+                cells.append(ci_cell([100 * r["final_error"] for r in found]) + share
+                             + diverged_note(self.records, self.task, m, w, "one-slow"))
             rows.append([str(w), *cells])
         claim = next(c for c in claims.CLAIMS if c.setting == "one-slow")
         comparison = Comparison(self.records, self.task, claim.worse, claim.better, self.scale.workers, "one-slow")
@@ -331,7 +337,8 @@ class Report:
     def reference_section(self) -> List[str]:
         methods = list(self.scale.reference_methods)
         rows = [[str(w), *(ci_cell(list(errors(self.records, self.task, m, w, "round-robin").values()))
-                           for m in methods)] for w in self.scale.workers]
+                           + diverged_note(self.records, self.task, m, w, "round-robin") for m in methods)]
+                for w in self.scale.workers]
         return ["## The paper's reference delays: round-robin (every gradient M-1 updates stale)", "",
                 table(["M", *(LABELS[m] for m in methods)], rows)]
 
@@ -345,7 +352,8 @@ class Report:
             simulated = errors(self.records, self.task, m, w)
             replays = {r["seed"]: r for r in select(self.records, source="simulator", task=self.task, method=m,
                                                     delay="trace")}
-            same = sum(1 for r in real if r["seed"] in replays and replays[r["seed"]]["checksum"] == r["checksum"])
+            same = sum(1 for r in real if r["seed"] in replays and "checksum" in r
+                       and replays[r["seed"]].get("checksum") == r["checksum"])
             rows.append([LABELS[m], ci_cell([100 * r["final_error"] for r in real]),
                          ci_cell([simulated[s] for s in seeds if s in simulated]),
                          f"{same} of {len(real)}" if m in ASYNC else
@@ -365,7 +373,7 @@ class Report:
             by_straggler = {}
             for straggler in (1.0, 3.0):
                 found = [r for r in select(self.records, source="mpi", task=self.task, method=m)
-                         if r["step_time"] and r["straggler"] == straggler]
+                         if r["step_time"] and r["straggler"] == straggler and not r.get("diverged")]
                 if not found:
                     continue
                 rates = {r["repeat"]: sum(s for s, _ in r["per_worker"]) / max(t for _, t in r["per_worker"])
@@ -516,6 +524,14 @@ class Report:
         failed = [r for r in self.records if "failed" in r]
         return ["## Runs that failed", "", *([f"- {key_of(r)}: {' / '.join(r['failed'][-3:])}" for r in failed]
                                              or ["None."])]
+
+
+def diverged_note(records: List[Dict], task: str, method: str, workers: int, delay: str = "event") -> str:
+    """" (k of n diverged)" where some of the runs diverged."""
+    found = select(records, source="simulator", task=task, method=method, delay=delay, split="test",
+                   workers=1 if method == "sgd" else workers)
+    k = sum(1 for r in found if r.get("diverged"))
+    return f" ({k} of {len(found)} diverged)" if k else ""
 
 
 def first_below(curve: List[List[float]], target: float) -> Optional[float]:

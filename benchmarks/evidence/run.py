@@ -42,12 +42,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path[:0] = [str(HERE), str(ROOT)]  # this tree's tasks and package, in this process and the simulator's
 
+from hvd_dcasgd.errors import HvdDcasgdError  # noqa: E402
 from hvd_dcasgd.process import CommandResult, run_command  # noqa: E402
 from plan import JITTER, METHODS, SCALES, SLOWDOWN, Run, Scale, key_of, plan  # noqa: E402
 from records import empty, load, save, succeeded  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
 MPI_TIMEOUT = 900  # seconds: a hang ends as a failed run
+DIVERGED = "holds NaN or Inf"  # what the server's refusal of a non-finite gradient says
+CHANCE_ERROR = 0.9
 
 
 # --- the kinds of run ---------------------------------------------------------
@@ -91,12 +94,25 @@ def simulate_run(spec: Dict, work: Path) -> Dict:
     train, validation, test = task.data(work / "data")
     order, until = delay_model(spec)
     compensation = Compensation(simulated_mode(spec["method"]), spec["lambda_0"])
-    result = simulate(task.model, train, validation if spec["split"] == "validation" else test,
-                      compensation=compensation, workers=spec["workers"], epochs=spec["epochs"],
-                      batch_size=task.batch_size, lr=rate(spec), delay=order, seed=spec["seed"], until=until)
+    try:
+        result = simulate(task.model, train, validation if spec["split"] == "validation" else test,
+                          compensation=compensation, workers=spec["workers"], epochs=spec["epochs"],
+                          batch_size=task.batch_size, lr=rate(spec), delay=order, seed=spec["seed"], until=until)
+    except HvdDcasgdError as error:
+        if DIVERGED not in str(error):
+            raise
+        return diverged(spec, str(error))
     return {**spec, "final_error": result.final_error, "test_errors": result.test_errors, "times": result.times,
             "samples": result.samples, "virtual_seconds": result.seconds, "updates": result.updates,
             "checksum": result.checksum, "staleness": {str(s): n for s, n in sorted(result.staleness.items())}}
+
+
+def diverged(spec: Dict, sentence: str) -> Dict:
+    """The record of a run whose weights became NaN or Inf (the server refused
+    a gradient holding them): a result, scored at chance (a model that
+    predicts nothing gets 90% of ten balanced classes wrong)."""
+    return {**spec, "diverged": sentence.strip().splitlines()[-1], "final_error": CHANCE_ERROR, "test_errors": [],
+            "times": []}
 
 
 def simulated_mode(method: str) -> str:
@@ -129,6 +145,8 @@ def mpi_run(spec: Dict, work: Path) -> Dict:
     started = time.perf_counter()
     result = run_command(cmd, timeout=MPI_TIMEOUT, env={**child_env(), "HVD_DCASGD_SUMMARY": str(summary)})
     record = {**spec, "command": shlex.join(map(str, cmd)), "launch_seconds": time.perf_counter() - started}
+    if result.returncode != 0 and DIVERGED in result.stdout:
+        return diverged(record, next(line for line in result.stdout.splitlines() if DIVERGED in line))
     if result.returncode != 0 or not out.exists():
         return {**record, "failed": last_lines(result, MPI_TIMEOUT)}
     record = {**json.loads(out.read_text()), **record}

@@ -86,6 +86,7 @@ class Scale:
     timed_repeats: int
     step_time: float  # seconds
     timed_seconds: float  # each timed run's budget
+    lr: Optional[float] = None  # the base rate, when not the task's (the runs' keys then say so)
 
     def epochs_of(self, task: str) -> int:
         return self.epochs or TASKS[task].epochs
@@ -98,6 +99,10 @@ SCALES = {
                   4, 3, ALL, ("none", "adaptive", "gap_aware", "ssgd", "horovod"), 3, 0.02, 6.0),
     "quick": Scale(("digits",), None, 4, (4, 8), (8,), ALL, ("none", "adaptive", "ssgd"), ("none", "adaptive"),
                    4, 1, ("sgd", "none", "adaptive", "ssgd"), ("none", "ssgd"), 1, 0.02, 3.0),
+    # the main table and its tuning again at half the pilot's rate: a sensitivity check, decided after the full
+    # scale's asynchronous runs diverged at the pilot's rate (the largest of its grid)
+    "half-rate": Scale(("fashion",), None, 8, (4, 8, 16, 32), (8, 16), ALL, (), (), 4, 0, (), (), 0, 0.02, 6.0,
+                       lr=0.2),
     # the test suite's end-to-end check: every step, at the smallest size
     "tiny": Scale(("digits",), 2, 2, (2,), (2,), ("sgd", "none", "adaptive", "ssgd", "horovod"), ("none", "ssgd"),
                   ("none",), 2, 1, ("adaptive",), ("none", "ssgd"), 1, 0.01, 1.5),
@@ -121,7 +126,7 @@ class Run:
 def key_of(record: Dict) -> str:
     """The run's stable name, from the fields that say what it runs."""
     run = f"{record['task']}/{record['method']}/M{record['workers']}/e{record['epochs']}/s{record['seed']}"
-    settings = "".join(f"/{name}={record[name]:g}" for name in ("lambda_0", "scale", "warmup")
+    settings = "".join(f"/{name}={record[name]:g}" for name in ("lr", "lambda_0", "scale", "warmup")
                        if record.get(name) is not None)
     if record["source"] == "mpi":
         timing = f"/t{record['step_time']:g}x{record['straggler']:g}r{record['repeat']}" if record["step_time"] else ""
@@ -150,22 +155,28 @@ def rate_settings(method: str, workers: int, epochs: int, value: Optional[float]
     return fields
 
 
+def base_rate(lr: Optional[float]) -> Dict:
+    """The ``lr`` field of a spec: present only when the scale sets the rate."""
+    return {} if lr is None else {"lr": lr}
+
+
 def simulator_spec(task: str, method: str, workers: int, seed: int, epochs: int, delay: str = "event",
-                   split: str = "test", value: Optional[float] = None) -> Dict:
+                   split: str = "test", value: Optional[float] = None, lr: Optional[float] = None) -> Dict:
     """A simulator run (``trace`` is filled in when a replay runs)."""
     workers = 1 if method == "sgd" else workers
     return {"source": "simulator", "task": task, "method": method, "workers": workers, "seed": seed,
-            "epochs": epochs, "delay": delay, "split": split, **rate_settings(method, workers, epochs, value),
-            "trace": None}
+            "epochs": epochs, "delay": delay, "split": split, **base_rate(lr),
+            **rate_settings(method, workers, epochs, value), "trace": None}
 
 
 def mpi_spec(task: str, method: str, workers: int, seed: int, epochs: int, value: Optional[float] = None,
-             step_time: float = 0.0, straggler: float = 1.0, repeat: int = 0, seconds: float = 0.0) -> Dict:
+             step_time: float = 0.0, straggler: float = 1.0, repeat: int = 0, seconds: float = 0.0,
+             lr: Optional[float] = None) -> Dict:
     """A real run, ``mpirun -np workers+1 train_mpi.py``; with ``step_time``,
     padded steps for ``seconds`` of wall-clock time."""
     workers = 1 if method == "sgd" else workers
     return {"source": "mpi", "task": task, "method": method, "workers": workers, "seed": seed, "epochs": epochs,
-            **rate_settings(method, workers, epochs, value), "step_time": step_time, "straggler": straggler,
+            **base_rate(lr), **rate_settings(method, workers, epochs, value), "step_time": step_time, "straggler": straggler,
             "repeat": repeat, "seconds": seconds}
 
 
@@ -178,7 +189,7 @@ def tuning_runs(scale: Scale) -> Iterator[Run]:
                 for workers in scale.tune_workers:
                     for seed in TUNING_SEEDS:
                         yield Run(simulator_spec(task, method, workers, seed, scale.epochs_of(task), split="validation",
-                                                 value=value))
+                                                 value=value, lr=scale.lr))
 
 
 def tuning_errors(by_key: Dict[str, Dict], scale: Scale, task: str, method: str) -> Dict[float, List[float]]:
@@ -188,7 +199,7 @@ def tuning_errors(by_key: Dict[str, Dict], scale: Scale, task: str, method: str)
     found: Dict[float, List[float]] = {}
     for value in METHODS[method].grid:
         keys = [key_of(simulator_spec(task, method, workers, seed, scale.epochs_of(task), split="validation",
-                                      value=value))
+                                      value=value, lr=scale.lr))
                 for workers in scale.tune_workers for seed in TUNING_SEEDS]
         if all(k in by_key for k in keys):
             found[value] = [by_key[k]["final_error"] for k in keys]
@@ -246,7 +257,8 @@ def simulator_runs(scale: Scale, chosen: Dict[Tuple[str, str], float]) -> Iterat
                     for method in methods:
                         ready, value = value_of(chosen, task, method)
                         if ready and not (method == "sgd" and delay != "event"):
-                            yield Run(simulator_spec(task, method, workers, seed, epochs, delay, value=value))
+                            yield Run(simulator_spec(task, method, workers, seed, epochs, delay, value=value,
+                                                     lr=scale.lr))
 
 
 def real_runs(scale: Scale, chosen: Dict[Tuple[str, str], float]) -> Tuple[List[Run], List[Run]]:
@@ -262,18 +274,18 @@ def real_runs(scale: Scale, chosen: Dict[Tuple[str, str], float]) -> Tuple[List[
                     ready, value = value_of(chosen, task, method)
                     if ready:
                         timed.append(Run(mpi_spec(task, method, scale.mpi_workers, 0, epochs, value, scale.step_time,
-                                                  straggler, repeat, scale.timed_seconds), alone=True))
+                                                  straggler, repeat, scale.timed_seconds, scale.lr), alone=True))
         for seed in range(scale.mpi_seeds):
             for method in scale.mpi_methods:
                 ready, value = value_of(chosen, task, method)
                 if ready:
-                    untimed.append(Run(mpi_spec(task, method, scale.mpi_workers, seed, epochs, value)))
+                    untimed.append(Run(mpi_spec(task, method, scale.mpi_workers, seed, epochs, value, lr=scale.lr)))
     return timed, untimed
 
 
 def replays(real: List[Run]) -> List[Run]:
     """The simulator on each asynchronous real run's trace."""
     return [Run({**simulator_spec(r.spec["task"], r.spec["method"], r.spec["workers"], r.spec["seed"],
-                                  r.spec["epochs"], "trace"),
+                                  r.spec["epochs"], "trace", lr=r.spec.get("lr")),
                  **{k: r.spec[k] for k in ("lambda_0", "scale", "warmup")}}, needs=r.key)
             for r in real if r.spec["method"] in ASYNC]

@@ -125,7 +125,8 @@ def sweep(records: List[Dict], scale: Scale, task: str, out: Path) -> str:
             xs, ys = [], []
             for value in METHODS[method].grid:
                 found = [by_key.get(key_of(simulator_spec(task, method, workers, seed, scale.epochs_of(task),
-                                                          split="validation", value=value))) for seed in TUNING_SEEDS]
+                                                          split="validation", value=value, lr=scale.lr)))
+                         for seed in TUNING_SEEDS]
                 if all(found):
                     xs.append(value)
                     ys.append(100 * mean(r["final_error"] for r in found))

@@ -201,7 +201,9 @@ class Report:
             f"Task: {data}. Model: `{task.model.__name__}` (`benchmarks/evidence/tasks.py`). Plain SGD on the "
             f"server (no momentum, no weight decay, the paper's update); batch {task.batch_size} per worker; "
             f"{epochs} epochs (an epoch is one pass over the training set by all workers together); rate "
-            f"{task.lr:g}, divided by 10 at 50% and 75% of the epochs, each worker sending the rate of its own "
+            f"{self.scale.lr or task.lr:g}"
+            + (f" (half the pilot's {task.lr:g}: a check decided after the standard run's asynchronous runs "
+               "diverged at the pilot's rate)" if self.scale.lr else "") + f", divided by 10 at 50% and 75% of the epochs, each worker sending the rate of its own "
             "fractional epoch. The rate and the epochs come from the pilot below (sequential SGD on the validation "
             "split only, before any parallel run).", "",
             table(["method", "server mode", "rate and hyperparameters"], rows), "",

@@ -23,6 +23,7 @@ the cores with the simulator runs (``--jobs`` processes).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -126,6 +127,8 @@ def rate(spec: Dict):
     """The rate a worker sends at (fractional) epoch e: the task's schedule,
     times the method's scale, with its warm-up."""
     task, epochs, scale, warmup = TASKS[spec["task"]], spec["epochs"], spec["scale"], spec["warmup"] or 0.0
+    if spec.get("lr") is not None:
+        task = dataclasses.replace(task, lr=spec["lr"])
     return lambda epoch: task.lr_at(epoch, epochs, scale, warmup)
 
 
@@ -138,6 +141,7 @@ def mpi_run(spec: Dict, work: Path) -> Dict:
     mode = "none" if spec["method"] == "sgd" else METHODS[spec["method"]].mode
     options = ["--lambda-0", spec["lambda_0"]] if spec["lambda_0"] is not None else []
     options += ["--warmup", spec["warmup"]] if spec["warmup"] else []
+    options += ["--lr", spec["lr"]] if spec.get("lr") is not None else []
     options += ["--step-time", spec["step_time"], "--seconds", spec["seconds"]] if spec["step_time"] else []
     cmd = mpirun(spec["workers"] + 1, HERE / "train_mpi.py", "--task", spec["task"], "--compensation", mode,
                  "--epochs", spec["epochs"], "--seed", spec["seed"], "--scale", spec["scale"], *options,

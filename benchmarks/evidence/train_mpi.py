@@ -22,6 +22,7 @@ seconds) to ``--out``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--compensation", choices=hvd.METHODS, required=True)
     parser.add_argument("--lambda-0", type=float, default=None, help="default: the compensation's")
     parser.add_argument("--epochs", type=int, default=None, help="default: the task's")
+    parser.add_argument("--lr", type=float, default=None, help="the base rate (default: the task's)")
     parser.add_argument("--scale", type=float, default=1.0, help="the rate's multiplier")
     parser.add_argument("--warmup", type=float, default=0.0, help="epochs of linear warm-up to the scaled rate")
     parser.add_argument("--seed", type=int, default=0)
@@ -58,7 +60,7 @@ def main() -> None:
 
     hvd.init()
     torch.set_num_threads(1)
-    task = TASKS[args.task]
+    task = TASKS[args.task] if args.lr is None else dataclasses.replace(TASKS[args.task], lr=args.lr)
     epochs = args.epochs or task.epochs
     (x, y), _, test = task.data(Path(args.cache))
     torch.manual_seed(args.seed)

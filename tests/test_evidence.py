@@ -167,3 +167,29 @@ def test_digits_example_straggler_sleeps_and_loses_no_push(tmp_path):
     workers = [r["worker"] for r in records]
     assert workers.count(0) == workers.count(1) == -(-719 // 32), "one epoch of each worker's shard, every push once"
     assert [r["update"] for r in records] == list(range(len(records)))
+
+
+def evidence_modules():
+    sys.path.insert(0, str(EVIDENCE))
+    import plan
+    import run as run_module
+
+    return plan, run_module
+
+
+def test_a_scale_that_sets_the_rate_names_it_in_every_run_and_sends_it():
+    plan, run_module = evidence_modules()
+    runs = plan.plan(plan.SCALES["half-rate"], [])
+    assert runs and all("/lr=0.2/" in r.key and r.spec["lr"] == 0.2 for r in runs)
+    assert not any("/lr=" in r.key for r in plan.plan(plan.SCALES["full"], [])), "the task's rate: keys as before"
+    spec = runs[0].spec
+    assert run_module.rate(spec)(0.0) == 0.2 and run_module.rate({**spec, "lr": None})(0.0) == 0.4
+
+
+def test_a_run_whose_weights_become_nan_is_recorded_as_diverged_at_chance(tmp_path):
+    plan, run_module = evidence_modules()
+    spec = plan.simulator_spec("digits", "none", 2, 0, 1, lr=1e6)
+    record = run_module.execute(spec, tmp_path)
+    assert "failed" not in record, record
+    assert record["final_error"] == 0.9 and "holds NaN or Inf" in record["diverged"]
+    assert record["key"] == plan.key_of(spec)

@@ -34,6 +34,7 @@ from records import load, select  # noqa: E402
 from stats import Difference, holm, paired_difference, recovery_ratio, t_quantile  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
+SENSITIVITY = "half-rate"  # the folder (next to RESULTS.md) of the sensitivity check's own page, when it ran
 HEADLINE = ("<!-- results headline: written by benchmarks/evidence/report.py -->",
             "<!-- end of results headline -->")
 
@@ -43,10 +44,14 @@ def write_report(out: Path, readme: Optional[Path] = None) -> List[str]:
     (and the headline into ``readme``); returns the plots' file names."""
     evidence = load(Path(out) / "results" / "evidence.json")
     scale = SCALES[evidence["scale"]]
-    pilot_path = Path(out) / "results" / "pilot.json"
-    pilot = json.loads(pilot_path.read_text()) if pilot_path.exists() else {}
+    pilots = [Path(out) / "results" / "pilot.json", Path(out).parent / "results" / "pilot.json"]  # a check's: above
+    pilot = next((json.loads(p.read_text()) for p in pilots if p.exists()), {})
     names = plots(evidence["records"], scale, Path(out) / "results")
     report = Report(evidence, scale, pilot)
+    checks = Path(out) / SENSITIVITY / "results" / "evidence.json"
+    if checks.exists():
+        sensitivity = load(checks)
+        report.sensitivity = Report(sensitivity, SCALES[sensitivity["scale"]], pilot)
     (Path(out) / "RESULTS.md").write_text(report.page())
     if readme is not None:
         update_readme(readme, report.headline())
@@ -134,6 +139,7 @@ class Report:
         self.task = scale.tasks[0]
         self.penalties = Comparison(self.records, self.task, "none", "sgd", scale.workers)
         self.verdicts: Dict[str, Dict[int, str]] = {}
+        self.sensitivity: Optional["Report"] = None  # the same tables at another rate, when they ran
 
     def page(self) -> str:
         sections = [
@@ -142,7 +148,8 @@ class Report:
              *self.provenance()],
             self.predictions(), self.setup(), self.main_section(), self.comparisons_section(),
             self.recovery_section(), self.straggler_section(), self.reference_section(), self.real_section(),
-            self.timed_section(), self.tuning_section(), self.verdict_section(), self.reading_section(),
+            self.timed_section(), self.tuning_section(), self.verdict_section(), self.sensitivity_section(),
+            self.reading_section(),
             self.commands(), self.failed_section(),
         ]
         return "\n".join(line for section in sections for line in [*section, ""]).rstrip() + "\n"
@@ -462,6 +469,20 @@ class Report:
                          f"{growth.mean:+.2f} {interval(growth.t_interval)}", claims.growth_verdict(growth.t_interval)])
         return ["## Verdicts", "", "Each prediction, at each M, by the rules above (difference: mean and 95% t "
                 "interval, points).", "", table(["claim", "M", "difference", "verdict"], rows)]
+
+    def sensitivity_section(self) -> List[str]:
+        """The main table and the verdicts of the check at another rate, and a link to its own page."""
+        if self.sensitivity is None:
+            return []
+        other = self.sensitivity
+        keep = lambda lines: [line for line in lines[1:] if not line.startswith("![")]  # noqa: E731
+        rate = other.scale.lr or TASKS[other.task].lr
+        return [f"## Sensitivity: the same comparison at rate {rate:g}", "",
+                f"Decided after this run, when most asynchronous runs at the pilot's rate diverged: the main table, "
+                f"its tuning and its verdicts again at rate {rate:g} (half the pilot's), everything else "
+                f"the same. Its own page, with the paired differences and the plots: "
+                f"[{SENSITIVITY}/RESULTS.md]({SENSITIVITY}/RESULTS.md).", "",
+                "### Final test error (%)", *keep(other.main_section()), "### Verdicts", *keep(other.verdict_section())]
 
     def growth(self) -> Optional[Difference]:
         """Per seed, (ASGD - DC-ASGD-a) at the largest M minus at the smallest."""

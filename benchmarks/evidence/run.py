@@ -218,7 +218,7 @@ def run_all(scale: Scale, recorder: Recorder, work: Path, jobs: int) -> None:
     while True:
         recorded = succeeded(recorder.evidence)
         todo = [run for run in plan(scale, recorder.evidence["records"])
-                if run.key not in recorded and run.key not in attempted]
+                if run.key not in recorded and run.key not in attempted and not replays_divergence(run, recorded)]
         ready = [run for run in todo if run.needs is None or run.needs in recorded]
         if not ready:
             if todo:
@@ -229,6 +229,11 @@ def run_all(scale: Scale, recorder: Recorder, work: Path, jobs: int) -> None:
             if run.alone:
                 recorder.add(execute(run.spec, work), timed=True)
         run_together([input_of(run, recorded) for run in ready if not run.alone], recorder, work, jobs)
+
+
+def replays_divergence(run: Run, recorded: Dict[str, Dict]) -> bool:
+    """Whether ``run`` would replay a real run that diverged (and left no trace to replay)."""
+    return run.needs is not None and bool(recorded.get(run.needs, {}).get("diverged"))
 
 
 def input_of(run: Run, recorded: Dict[str, Dict]) -> Dict:
@@ -276,7 +281,7 @@ def main() -> None:
         parser.error(f"{path} holds a {evidence['scale']}-scale run; give another --out to run at {scale_name} scale")
     scale = SCALES[scale_name]
     done = succeeded(evidence)
-    todo = [run for run in plan(scale, evidence["records"]) if run.key not in done]
+    todo = [run for run in plan(scale, evidence["records"]) if run.key not in done and not replays_divergence(run, done)]
     print(f"{len(done)} runs recorded already (skipped); {len(todo)} to run now (tuned methods are planned once their tuning is recorded)",
           flush=True)
     if todo:

@@ -198,3 +198,40 @@ def test_a_run_whose_weights_become_nan_is_recorded_as_diverged_at_chance(tmp_pa
     assert "failed" not in record, record
     assert record["final_error"] == 0.9 and "holds NaN or Inf" in record["diverged"]
     assert record["key"] == plan.key_of(spec)
+
+
+def test_the_pilot_takes_the_best_rate_at_the_affordable_budget_then_the_fewest_epochs_near_it():
+    sys.path.insert(0, str(EVIDENCE))
+    import pilot
+
+    errors = {(0.1, 5): [20.0, 20.2], (0.1, 10): [15.0, 15.2], (0.1, 20): [14.0, 14.2], (0.1, 40): [11.0, 11.0],
+              (0.2, 5): [18.0, 18.2], (0.2, 10): [13.4, 13.4], (0.2, 20): [13.0, 13.2], (0.2, 40): [12.0, 12.0],
+              (0.4, 5): [17.0, 17.2], (0.4, 10): [14.0, 14.2], (0.4, 20): [13.5, 13.7], (0.4, 40): [14.0, 14.0]}
+    # at 20 epochs 0.2 is best (mean 13.1); at 0.2, 10 epochs (13.4) is within 0.5 of it and 5 (18.1) is not;
+    # 40 epochs, beyond the budget, plays no part
+    assert pilot.choose(errors, 20) == (0.2, 10)
+    assert pilot.choose(errors, 40) == (0.1, 40), "at 40 epochs 0.1 is best (11.0) and nothing shorter is near it"
+
+
+@pytest.mark.slow
+def test_pilot_command_at_a_tiny_size(tmp_path):
+    out = tmp_path / "pilot.json"
+    result = run([sys.executable, EVIDENCE / "pilot.py", "--tasks", "digits", "--rates", "0.1", "0.2", "--epochs", "1",
+                  "2", "--affordable", "2", "--out", out, "--work", tmp_path / "work", "--jobs", "1"], timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:]
+    pilot = json.loads(out.read_text())["digits"]
+    assert sorted((lr, e) for lr, e, _ in pilot["validation_error"]) == [(0.1, 1), (0.1, 2), (0.2, 1), (0.2, 2)]
+    assert all(len(errors) == 2 and all(0 <= x <= 100 for x in errors) for _, _, errors in pilot["validation_error"])
+    chosen = pilot["chosen"]
+    assert f"digits: lr {chosen['lr']}, {chosen['epochs']} epochs" in result.stdout
+    mean = {(lr, e): sum(v) / 2 for lr, e, v in pilot["validation_error"]}
+    assert mean[chosen["lr"], 2] == min(mean[lr, 2] for lr in (0.1, 0.2)), "the best rate at the affordable budget"
+
+
+def test_fashion_mnist_without_its_package_is_a_clear_error(monkeypatch, tmp_path):
+    sys.path.insert(0, str(EVIDENCE))
+    import tasks
+
+    monkeypatch.setattr(tasks, "FASHION_MNIST", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"apt-get install dataset-fashion-mnist"):
+        tasks.load_fashion_data()

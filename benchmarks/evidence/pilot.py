@@ -58,7 +58,8 @@ def choose(errors: Dict[Tuple[float, int], List[float]], affordable: int) -> Tup
     """The rule of the module's docstring, on validation errors by (rate, epochs)."""
     mean = {k: sum(v) / len(v) for k, v in errors.items()}
     lr = min((rate for rate, epochs in mean if epochs == affordable), key=lambda rate: mean[rate, affordable])
-    epochs = min(e for rate, e in mean if rate == lr and e <= affordable and mean[rate, e] <= mean[lr, affordable] + PLATEAU)
+    epochs = min(e for rate, e in mean
+                 if rate == lr and e <= affordable and mean[rate, e] <= mean[lr, affordable] + PLATEAU)
     return lr, epochs
 
 
@@ -68,20 +69,26 @@ def main() -> None:
     parser.add_argument("--out", default="docs/results/pilot.json")
     parser.add_argument("--work", default="build/evidence", help="the data cache")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rates", type=float, nargs="+", default=RATES, help="(the tests' smaller grid)")
+    parser.add_argument("--epochs", type=int, nargs="+", default=EPOCHS, help="(the tests' smaller grid)")
+    parser.add_argument("--affordable", type=int, default=None, help="default: the task's in AFFORDABLE")
     args = parser.parse_args()
     cache = str(Path(args.work) / "data")
     pilot = {}
     for name in args.tasks:
         TASKS[name].data(Path(cache))
-        grid = [(lr, epochs, seed) for lr in RATES for epochs in EPOCHS for seed in SEEDS]
+        affordable = args.affordable or AFFORDABLE[name]
+        if affordable not in args.epochs:
+            parser.error(f"the affordable budget ({affordable} epochs) must be one of --epochs")
+        grid = [(lr, epochs, seed) for lr in args.rates for epochs in args.epochs for seed in SEEDS]
         with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
             finals = list(pool.map(pilot_run, *zip(*[(name, lr, e, s, cache) for lr, e, s in grid])))
         errors: Dict[Tuple[float, int], List[float]] = {}
         for (lr, epochs, _), error in zip(grid, finals):
             errors.setdefault((lr, epochs), []).append(error)
-        lr, epochs = choose(errors, AFFORDABLE[name])
-        pilot[name] = {"rates": list(RATES), "epochs": list(EPOCHS), "seeds": list(SEEDS), "plateau": PLATEAU,
-                       "affordable": AFFORDABLE[name],
+        lr, epochs = choose(errors, affordable)
+        pilot[name] = {"rates": list(args.rates), "epochs": list(args.epochs), "seeds": list(SEEDS),
+                       "plateau": PLATEAU, "affordable": affordable,
                        "validation_error": [[lr_, e, v] for (lr_, e), v in sorted(errors.items())],
                        "chosen": {"lr": lr, "epochs": epochs}}
         print(f"{name}: lr {lr}, {epochs} epochs", flush=True)

@@ -28,8 +28,10 @@ def plots(records: List[Dict], scale: Scale, out: Path) -> List[str]:
     out.mkdir(parents=True, exist_ok=True)
     task = scale.tasks[0]
     return [curves(records, scale, task, "event", out, f"error_vs_epoch_{task}.png"),
-            curves(records, scale, task, "one-slow", out, f"error_vs_time_{task}.png"),
-            recovery(records, scale, task, out), staleness(records, scale, task, out), sweep(records, scale, task, out)]
+            *([curves(records, scale, task, "one-slow", out, f"error_vs_time_{task}.png")] if scale.slow_methods else []),
+            recovery(records, scale, task, out),
+            *([staleness(records, scale, task, out)] if scale.mpi_seeds and scale.mpi_methods else []),
+            sweep(records, scale, task, out)]
 
 
 def curves(records: List[Dict], scale: Scale, task: str, delay: str, out: Path, name: str) -> str:

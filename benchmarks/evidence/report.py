@@ -34,6 +34,7 @@ from records import load, select  # noqa: E402
 from stats import Difference, holm, paired_difference, recovery_ratio, t_quantile  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
+LATER_TARGET = 0.25  # set after the standard run, where no method reached the task's target in the timed runs' 6 s
 AT_CHANCE = 0.85  # a final error this high: the run learned nothing (ten balanced classes: chance is 90%)
 SENSITIVITY = "half-rate"  # the folder (next to RESULTS.md) of the sensitivity check's own page, when it ran
 HEADLINE = ("<!-- results headline: written by benchmarks/evidence/report.py -->",
@@ -397,13 +398,10 @@ class Report:
                     continue
                 rates = {r["repeat"]: sum(s for s, _ in r["per_worker"]) / max(t for _, t in r["per_worker"])
                          for r in found}
-                reach = [first_below(r["curve"], target) for r in found]
-                reached = [t for t in reach if t is not None]
                 by_straggler[straggler] = rates
                 rows.append([LABELS[m], f"{straggler:g}x", len(found),
                              f"{mean(rates.values()):.0f} ({min(rates.values()):.0f}-{max(rates.values()):.0f})",
-                             f"{mean(reached):.2f}" + (f" ({len(reached)} of {len(reach)})"
-                                                       if len(reached) != len(reach) else "") if reached else "not reached",
+                             seconds_to(found, target), seconds_to(found, LATER_TARGET),
                              ci_cell([100 * r["final_error"] for r in found])])
             pairs = sorted(set(by_straggler.get(1.0, {})) & set(by_straggler.get(3.0, {})))
             if pairs:
@@ -421,7 +419,10 @@ class Report:
                 "interleaved (repeat, then straggler, then method), one at a time. samples/s: all workers' samples "
                 "over the longest worker's time, mean (min-max); seconds to the target: the first of worker 0's "
                 f"evaluations (after each of its epochs) at or below {100 * task.target_error:.0f}% test error.", "",
-                table(["method", "straggler", "runs", "samples/s", f"s to {100 * target:.0f}%", "final error %"], rows),
+                f"The first target was set before the runs; the second, {100 * LATER_TARGET:.0f}%, after seeing the "
+                "standard run, where no method reached the first within its 6 s.", "",
+                table(["method", "straggler", "runs", "samples/s", f"s to {100 * target:.0f}%",
+                       f"s to {100 * LATER_TARGET:.0f}% (set after the runs)", "final error %"], rows),
                 "", "Throughput kept with the straggler (samples/s with it over without, paired by repeat):", "",
                 table(["method", "predicted", "measured", "verdict"], retention_rows)]
 
@@ -585,6 +586,15 @@ def diverged_note(records: List[Dict], task: str, method: str, workers: int, del
                    workers=1 if method == "sgd" else workers)
     k = sum(1 for r in found if r.get("diverged"))
     return f" ({k} of {len(found)} diverged)" if k else ""
+
+
+def seconds_to(found: List[Dict], target: float) -> str:
+    """Mean seconds to ``target`` over the runs that reached it, and how many did."""
+    reach = [first_below(r["curve"], target) for r in found]
+    reached = [t for t in reach if t is not None]
+    if not reached:
+        return "not reached"
+    return f"{mean(reached):.2f}" + (f" ({len(reached)} of {len(reach)})" if len(reached) != len(reach) else "")
 
 
 def first_below(curve: List[List[float]], target: float) -> Optional[float]:

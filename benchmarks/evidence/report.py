@@ -569,7 +569,7 @@ class Report:
         return ["## Commands", "", "```bash",
                 "python benchmarks/evidence/pilot.py          # the pilot (results/pilot.json), a few minutes",
                 "python benchmarks/evidence/run.py            # every run of this page, resumable, about 45 minutes",
-                "python benchmarks/evidence/run.py --quick    # digits, a few minutes (another --out)",
+                "python benchmarks/evidence/run.py --quick    # digits, about 4 minutes (another --out)",
                 "python benchmarks/evidence/report.py         # this page from the records, seconds",
                 "```", "", "Every run's settings, command line (real runs) and results are in "
                 "`results/evidence.json`."]

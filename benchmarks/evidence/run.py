@@ -8,7 +8,7 @@ and without a straggler.  This command runs them and records each in
 ``report.py`` writes ``OUT/RESULTS.md`` and the plots from that file alone.
 
     python benchmarks/evidence/run.py                 # full scale, about 45 minutes on 2 cores
-    python benchmarks/evidence/run.py --quick         # digits, a few minutes
+    python benchmarks/evidence/run.py --quick         # digits, about 4 minutes on 2 cores (another --out)
     python benchmarks/evidence/run.py --scale tiny --out /tmp/ev --work /tmp/ev-work  # the tests' size
     python benchmarks/evidence/report.py              # only the page, in seconds, no training
 

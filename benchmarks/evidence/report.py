@@ -177,7 +177,9 @@ class Report:
 
     def predictions(self) -> List[str]:
         lines = ["## What was predicted, before the runs", "",
-                 "Written in `benchmarks/evidence/claims.py` and committed before the standard run:", ""]
+                 "Written in `benchmarks/evidence/claims.py` and committed before the standard run started (commit "
+                 "8eeef50). While it ran, before any of its results was read, the rules were made precise (refuted "
+                 "takes precedence, the test's power stated) and prediction 7 was added (commit 3accc24).", ""]
         lines += [f"{i}. {text}" for i, text in enumerate(
             [claims.WITHIN_CLAIM, *(c.text for c in claims.CLAIMS), claims.GROWTH_CLAIM, claims.THROUGHPUT_CLAIM], 1)]
         return lines + ["", "The rules:", "", *(f"- {rule}" for rule in claims.RULES)]

@@ -16,7 +16,7 @@ from hvd_dcasgd.simulator import RoundRobin, simulate
 from hvd_dcasgd.update import FOREACH, FUSED, REFERENCE, default_update_path
 
 from test_server_state import _apply, _fresh_server, _same
-from test_server_step import WORKERS, _push, _server
+from test_server_step import WORKERS, _push, _reference_step, _server
 from test_simulator import BATCH, _data, _lr, _model
 
 GAMMA, EPS = 0.999, 1e-8
@@ -226,13 +226,7 @@ def test_server_updates_match_a_naive_reference(mode, optimizer_name, staged, pa
             eta_max = torch.maximum(eta_max, torch.tensor(lrs))
             c = eta_max[group_of] * (torch.sqrt(v / (1 - GAMMA ** (update + 1))) + EPS)
             g = g / (1 + (w - backups[worker]).abs() / c)
-        offset = 0
-        for p in params:
-            p.grad = g[offset : offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-        for group, lr in zip(reference_optimizer.param_groups, lrs):
-            group["lr"] = lr
-        reference_optimizer.step()
+        _reference_step(reference_optimizer, params, g, lrs)
         backups[worker], sent_at[worker] = flat(), update + 1
         assert torch.allclose(server.weights, backups[worker], rtol=1e-5, atol=1e-6), f"update {update}"
     if mode == "gap_aware":

@@ -57,6 +57,18 @@ def _server(optimizer_name, mode, wire=torch.float32, per_worker=False, staged=F
     return server, model, reference, reference_optimizer, comp
 
 
+def _reference_step(optimizer, params, g, lrs):
+    """The user's optimizer stepping with the flat gradient ``g`` (in the
+    wire's order of ``params``) at the rates ``lrs``, one per param group."""
+    offset = 0
+    for p in params:
+        p.grad = g[offset : offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    optimizer.step()
+
+
 def _push(server, worker, seed, lrs):
     gen = torch.Generator().manual_seed(seed)
     gradient = torch.randn(server.layout.numel, generator=gen)
@@ -96,13 +108,7 @@ def test_async_updates_match_naive_reference(optimizer_name, mode, staged, path)
         elif mode == "adaptive":
             mean_square = 0.95 * mean_square + 0.05 * g * g
             g = g + 2.0 / torch.sqrt(mean_square + 1e-7) * g * g * (w - backups[worker])
-        offset = 0
-        for p in params:
-            p.grad = g[offset : offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
-        for group, lr in zip(reference_optimizer.param_groups, lrs):
-            group["lr"] = lr
-        reference_optimizer.step()
+        _reference_step(reference_optimizer, params, g, lrs)
         backups[worker] = flat()
         assert torch.allclose(server.weights, backups[worker], atol=1e-6), f"update {i}"
         assert torch.equal(server.outboxes[worker], server.weights), "outbox holds w_bak(m) = w"

@@ -51,8 +51,14 @@ def errors_of(records: List[Dict], **match) -> List[float]:
 
 
 def by_seed(records: List[Dict], **match) -> Dict[int, float]:
-    """Final errors in % of the records ``select`` picks, by seed (one each)."""
-    return {r["seed"]: 100 * r["final_error"] for r in select(records, **match)}
+    """Final errors in % of the records ``select`` picks, by seed; two
+    records of one seed (runs of another grid or number of epochs left in
+    the file) are refused rather than one silently hiding the other."""
+    found = select(records, **match)
+    seeds = [r["seed"] for r in found]
+    if len(seeds) != len(set(seeds)):
+        raise ValueError(f"two records of one seed for {match}: " + ", ".join(r["key"] for r in found))
+    return {r["seed"]: 100 * r["final_error"] for r in found}
 
 
 def mean_staleness(record: Dict) -> float:

@@ -30,7 +30,7 @@ from plan import (  # noqa: E402
     tuning_errors, warmup_epochs,
 )
 from plots import plots  # noqa: E402
-from records import load, select  # noqa: E402
+from records import by_seed, load, select  # noqa: E402
 from stats import Difference, holm, paired_difference, recovery_ratio, t_quantile  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
@@ -123,14 +123,8 @@ class Comparison:
 def errors(records: List[Dict], task: str, method: str, workers: int, delay: str = "event",
            split: str = "test") -> Dict[int, float]:
     """Final test errors (%) by seed of ``method``'s simulator runs."""
-    found = select(records, source="simulator", task=task, method=method, delay=delay, split=split,
+    return by_seed(records, source="simulator", task=task, method=method, delay=delay, split=split,
                    workers=1 if method == "sgd" else workers)
-    seeds = [r["seed"] for r in found]
-    if len(seeds) != len(set(seeds)):
-        raise ValueError(f"two records of one seed for {task}/{method}/M{workers}/{delay}/{split} (runs of "
-                         "another grid or number of epochs in evidence.json?): "
-                         + ", ".join(r["key"] for r in found))
-    return {r["seed"]: 100 * r["final_error"] for r in found}
 
 
 # --- the page -------------------------------------------------------------------

@@ -138,6 +138,41 @@ def test_evidence_resumes_with_exactly_the_runs_not_recorded(tiny_copy):
     assert "in 2 sessions" in (out / "RESULTS.md").read_text()
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_record_the_plan_no_longer_has_is_dropped_once_the_plan_is_complete(tiny_copy):
+    """A run of an earlier grid (here SSGD at a multiplier no grid value gives)
+    would sit beside its replacement in the tables; once every planned run is
+    recorded it is dropped, by name, and the page is the one without it."""
+    out, work = tiny_copy
+    path = out / "results" / "evidence.json"
+    page = (out / "RESULTS.md").read_text()
+    evidence = json.loads(path.read_text())
+    ssgd = next(r for r in evidence["records"] if r["method"] == "ssgd" and r["source"] == "simulator"
+                and r["split"] == "test")
+    earlier = {**ssgd, "scale": 3.0}
+    earlier["key"] = ssgd["key"].replace(f"/scale={ssgd['scale']:g}", "/scale=3")
+    assert earlier["key"] != ssgd["key"]
+    evidence["records"].append(earlier)
+    path.write_text(json.dumps(evidence))
+    printed = run_evidence(out, work).stdout
+    assert f"{TINY_RUNS + 1} runs recorded already (skipped); 0 to run" in printed
+    assert f"dropped 1 records the plan no longer has (an earlier grid or setting): {earlier['key']}" in printed
+    assert earlier["key"] not in records_of(out) and len(records_of(out)) == TINY_RUNS
+    assert (out / "RESULTS.md").read_text() == page
+
+
+def test_ssgd_multiplier_is_tuned_absolute_and_capped_at_m_while_horovod_scales_by_m():
+    """SSGD's k is found once and is not forced past it at a large M (the
+    largest stable rate does not grow with M); Horovod's recipe is rate x M."""
+    plan, _ = evidence_modules()
+    assert plan.rate_settings("ssgd", 32, 20, 2.0) == {"lambda_0": None, "scale": 2.0, "warmup": 1}
+    assert plan.rate_settings("ssgd", 2, 20, 4.0)["scale"] == 2.0
+    assert plan.rate_settings("ssgd", 8, 20, 1.0) == {"lambda_0": None, "scale": 1.0, "warmup": None}
+    assert plan.rate_settings("horovod", 32, 20)["scale"] == 32.0
+    assert plan.rate_settings("ssgd_paper", 32, 20)["scale"] == 1.0
+
+
 def test_report_reproduces_the_committed_pages_from_the_committed_evidence(tmp_path):
     """docs/RESULTS.md (and the sensitivity check's page, when it ran) is what
     report.py makes of the committed evidence."""

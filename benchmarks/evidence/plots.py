@@ -135,7 +135,7 @@ def sweep(records: List[Dict], scale: Scale, task: str, out: Path) -> str:
             if xs:
                 ax.plot(xs, ys, marker="o", label=f"M={workers}")
         ax.set_xscale("log")
-        label_axes(ax, f"{task}: {LABELS[method]}", METHODS[method].tuned + (" (fraction of M)"
+        label_axes(ax, f"{task}: {LABELS[method]}", METHODS[method].tuned + (" (multiplier k, capped at M)"
                    if METHODS[method].tuned == "scale" else ""), "validation error %")
     return save(fig, out, "lambda_sweep.png", legend_on=axes[0])
 

@@ -40,6 +40,18 @@ def succeeded(evidence: Dict) -> Dict[str, Dict]:
     return {r["key"]: r for r in evidence["records"] if "failed" not in r}
 
 
+def retire(evidence: Dict, planned: List[str]) -> List[str]:
+    """Remove the records whose keys are not in ``planned`` (runs of an
+    earlier grid or setting, which the report would otherwise meet beside
+    their replacements); return their keys.  Call it only with the keys of a
+    complete plan: before the tuning is recorded, the tuned methods'
+    evaluation runs are not planned yet."""
+    keep = set(planned)
+    gone = [r["key"] for r in evidence["records"] if r["key"] not in keep]
+    evidence["records"] = [r for r in evidence["records"] if r["key"] in keep]
+    return gone
+
+
 def select(records: List[Dict], **match) -> List[Dict]:
     """The records that did not fail and have every field of ``match``."""
     return [r for r in records if "failed" not in r and all(r.get(k) == v for k, v in match.items())]

@@ -193,7 +193,7 @@ class Report:
                 continue
             value = chosen.get((self.task, key))
             how = {"lambda_0": f"lambda_0 = {value:g} (tuned)" if value is not None else "lambda_0: not tuned yet",
-                   "scale": f"rate x max(1, f M), f = {value:g} (tuned), warm-up" if value is not None else "not tuned yet"
+                   "scale": f"rate x min(k, M), k = {value:g} (tuned), warm-up" if value is not None else "not tuned yet"
                    }.get(method.tuned, "")
             if key == "horovod":
                 how = "rate x M, warm-up (Horovod's docs)"
@@ -221,7 +221,8 @@ class Report:
             f"{warmup_epochs(epochs):g} epoch(s) (Goyal et al.'s 5 of 90 epochs, in proportion, at least one). "
             f"Tuned values: the lowest mean validation error over pilot seeds {', '.join(map(str, TUNING_SEEDS))} at "
             f"M = {', '.join(map(str, self.scale.tune_workers))}, among the values whose runs all stayed below "
-            f"{100 * STABLE_ERROR:.0f}% error (SSGD's scale is a fraction of M: capped at M, Horovod's recipe). "
+            f"{100 * STABLE_ERROR:.0f}% error (SSGD's multiplier k over {', '.join(f'{v:g}' for v in METHODS['ssgd'].grid)}, "
+            "capped at M where it is applied, so that a large M is not forced past the largest stable rate). "
             f"Evaluation seeds 0 to {self.scale.seeds - 1}: a seed fixes the initial weights, every worker's "
             "batches and the delays, so the methods are compared paired.", "",
             "Delays (`hvd_dcasgd.simulator`): " + "; ".join(f"**{name}**: {text}" for name, text in DELAYS.items())
@@ -418,7 +419,7 @@ class Report:
                 f"The first target was set before the runs; the second, {100 * LATER_TARGET:.0f}%, after seeing the "
                 "standard run, where no method reached the first within its 6 s.", "",
                 table(["method", "straggler", "runs", "samples/s", f"s to {100 * target:.0f}%",
-                       f"s to {100 * LATER_TARGET:.0f}% (set after the runs)", "final error %"], rows),
+                       f"s to {100 * LATER_TARGET:.0f}% (set after the standard run)", "final error %"], rows),
                 "", "Throughput kept with the straggler (samples/s with it over without, paired by repeat):", "",
                 table(["method", "predicted", "measured", "verdict"], retention_rows)]
 
@@ -438,7 +439,7 @@ class Report:
         return ["## Tuning on the validation split", "",
                 f"Mean final validation error (%) over seeds {', '.join(map(str, TUNING_SEEDS))} and M = "
                 f"{', '.join(map(str, self.scale.tune_workers))}; each method tuned over three values (SSGD's "
-                "scale as a fraction of M).", "", table(["method", "tuned", "value", "validation error", ""], rows), "",
+                "multiplier k of the rate, capped at M).", "", table(["method", "tuned", "value", "validation error", ""], rows), "",
                 "![tuning sweep](results/lambda_sweep.png)"]
 
     # -- verdicts
@@ -486,10 +487,12 @@ class Report:
         rate = other.scale.lr or TASKS[other.task].lr
         return [f"## Sensitivity: the same comparison at rate {rate:g}", "",
                 f"Decided after this run, when most asynchronous runs at the pilot's rate diverged: the main table, "
-                f"its tuning and its verdicts again at rate {rate:g} (half the pilot's), everything else "
-                f"the same. Its own page, with the paired differences and the plots: "
+                f"its tuning, its verdicts and the timed real runs (for {other.scale.timed_seconds:g} s) again at rate "
+                f"{rate:g} (half the pilot's), everything else the same. Its own page, with the paired differences and the plots: "
                 f"[{SENSITIVITY}/RESULTS.md]({SENSITIVITY}/RESULTS.md).", "",
-                "### Final test error (%)", *keep(other.main_section()), "### Verdicts", *keep(other.verdict_section())]
+                "### Final test error (%)", *keep(other.main_section()), "### Verdicts", *keep(other.verdict_section()),
+                *(["### Time to a target: real runs padded to a step time", *keep(other.timed_section())]
+                  if other.scale.timed_repeats and other.scale.timed_methods else [])]
 
     def growth(self) -> Optional[Difference]:
         """Per seed, (ASGD - DC-ASGD-a) at the largest M minus at the smallest."""

@@ -46,7 +46,7 @@ sys.path[:0] = [str(HERE), str(ROOT)]  # this tree's tasks and package, in this 
 from hvd_dcasgd.errors import HvdDcasgdError  # noqa: E402
 from hvd_dcasgd.process import CommandResult, run_command  # noqa: E402
 from plan import JITTER, METHODS, SCALES, SLOWDOWN, Run, Scale, key_of, plan  # noqa: E402
-from records import empty, load, save, succeeded  # noqa: E402
+from records import empty, load, retire, save, succeeded  # noqa: E402
 from tasks import TASKS  # noqa: E402
 
 MPI_TIMEOUT = 900  # seconds: a hang ends as a failed run
@@ -257,6 +257,20 @@ def run_together(specs: List[Dict], recorder: Recorder, work: Path, jobs: int) -
             future.result()
 
 
+def retire_unplanned(scale: Scale, evidence: Dict, path: Path) -> None:
+    """Once every planned run is recorded, drop the records the plan no
+    longer has (an earlier grid's or setting's), saying which."""
+    final = plan(scale, evidence["records"])
+    done = succeeded(evidence)
+    if any(run.key not in done and not replays_divergence(run, done) for run in final):
+        return  # not complete: a tuned method's evaluation may not be planned yet
+    gone = retire(evidence, [run.key for run in final])
+    if gone:
+        save(path, evidence)
+        print(f"dropped {len(gone)} records the plan no longer has (an earlier grid or setting): "
+              + ", ".join(gone[:5]) + (", ..." if len(gone) > 5 else ""), flush=True)
+
+
 def machine() -> str:
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
@@ -292,6 +306,7 @@ def main() -> None:
             TASKS[task].data(work / "data")
         run_all(scale, recorder, work, args.jobs)
         print(f"ran {recorder.session['runs']} runs in {recorder.session['seconds'] / 60:.1f} min", flush=True)
+    retire_unplanned(scale, evidence, path)
     if args.report:
         from report import default_readme, write_report
 

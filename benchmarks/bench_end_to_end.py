@@ -3,8 +3,10 @@
 Workers push precomputed gradients as fast as the server answers, so the
 figure is the system's update rate (transport + compensation + optimizer),
 not a model's compute.  Each mode runs under its own mpirun (``--rounds R``:
-R times, interleaved, and the median is shown); the table shows updates/s and
-the ratio to plain ASGD (``none``) measured in the same invocation.
+R times, interleaved, and the median is shown); the table shows updates/s, the
+ratio to the raw RMA protocol (``raw_rma.py``: Put + flag, ``w -= lr * g`` in
+numpy, Get -- the reference for what the transport allows) and the ratio to
+plain ASGD (``none``), all measured in the same invocation.
 With Horovod installed every mode also runs with the Horovod integration off
 (``HVD_DCASGD_HOROVOD=0``: no Horovod background thread on the workers, MPI at
 thread level serialized), interleaved, to show what the integration costs.
@@ -30,12 +32,21 @@ import docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("none", "constant", "adaptive", "sync")
+RAW = "raw"  # the raw RMA protocol (raw_rma.py), run with the integration off
 LABELS = {"none": "ASGD", "constant": "DC-ASGD-c", "adaptive": "DC-ASGD-a",
           "sync": "SSGD; one update per round of pushes"}
 
 
 def train(args) -> None:
     import hvd_dcasgd as hvd
+
+    if args.run == RAW:
+        import raw_rma
+        from hvd_dcasgd.mpi import load_mpi
+        from hvd_dcasgd.transport import Backoff
+
+        raw_rma.run(load_mpi(), args.numel, args.steps, Backoff())
+        return
 
     hvd.init()
     torch.manual_seed(0)
@@ -58,9 +69,10 @@ def launch(args) -> None:
     settings = ("auto", "0") if importlib.util.find_spec("horovod") else ("0",)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     runs = {}
+    order = [(RAW, "0"), *itertools.product(MODES, settings)]
     with tempfile.TemporaryDirectory() as scratch:
         summary = Path(scratch) / "summary.json"  # the server's end-of-run figures (HVD_DCASGD_SUMMARY)
-        for _, mode, horovod in itertools.product(range(args.rounds), MODES, settings):  # interleaved rounds
+        for _, (mode, horovod) in itertools.product(range(args.rounds), order):  # interleaved rounds
             cmd = ["mpirun", *root, "--oversubscribe", "-np", str(args.workers + 1), sys.executable, __file__,
                    "--run", mode, "--numel", str(args.numel), "--steps", str(args.steps)]
             env = {**os.environ, "PYTHONPATH": path, "HVD_DCASGD_HOROVOD": horovod, "HVD_DCASGD_SUMMARY": str(summary)}
@@ -74,23 +86,30 @@ def launch(args) -> None:
     rounds = f", median of {args.rounds} interleaved rounds" if args.rounds > 1 else ""
     title = (f"end to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, "
              f"{args.steps} pushes per worker, {os.cpu_count()} cores{rounds}")
+    raw = rates.pop((RAW, "0"))[0]
     print(title)
+    print(f"  raw RMA protocol (Put + flag, numpy w -= lr * g, Get) {raw:8.1f} updates/s")
     for (mode, horovod), (updates, gradients) in rates.items():
         label = "Horovod on " if horovod == "auto" else "Horovod off"
         print(f"  {mode:9s} {label} {updates:8.1f} updates/s  {gradients:8.1f} gradients/s  "
-              f"ratio to none (updates) {updates / rates['none', horovod][0]:4.2f}"
+              f"ratio to raw {updates / raw:4.2f}  ratio to none (updates) {updates / rates['none', horovod][0]:4.2f}"
               + (f"  on/off {updates / rates[mode, '0'][0]:4.2f}" if horovod == "auto" else ""))
     if args.markdown:
         header, rows = ["mode"], []
         for horovod in settings:
             label = "on" if horovod == "auto" else "off"
-            header += [f"updates/s, Horovod {label}", "ratio to ASGD"]
+            header += [f"updates/s, Horovod {label}", "ratio to raw", "ratio to ASGD"]
         if len(settings) == 2:
             header.append("on / off")
+        rows.append(["raw RMA protocol (`benchmarks/raw_rma.py`; no Horovod)"]
+                    + [cell for horovod in settings
+                       for cell in (f"{raw:.1f}", "1.00", f"{raw / rates['none', horovod][0]:.2f}")]
+                    + ([""] if len(settings) == 2 else []))
         for mode in MODES:
             row = [f"`{mode}` ({LABELS[mode]})"]
             for horovod in settings:
-                row += [f"{rates[mode, horovod][0]:.1f}", f"{rates[mode, horovod][0] / rates['none', horovod][0]:.2f}"]
+                row += [f"{rates[mode, horovod][0]:.1f}", f"{rates[mode, horovod][0] / raw:.2f}",
+                        f"{rates[mode, horovod][0] / rates['none', horovod][0]:.2f}"]
             if len(settings) == 2:
                 row.append(f"{rates[mode, 'auto'][0] / rates[mode, '0'][0]:.2f}")
             rows.append(row)
@@ -113,7 +132,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds for each mpirun")
     parser.add_argument("--markdown", metavar="PATH", help="also write this benchmark's section of PATH "
                         "(docs/PERFORMANCE.md)")
-    parser.add_argument("--run", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--run", choices=(RAW, *MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     train(args) if args.run else launch(args)
 

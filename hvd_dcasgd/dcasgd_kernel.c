@@ -1,4 +1,7 @@
-/* The DC-ASGD update in one pass over float32 arrays (see compensation.py).
+/* The project's C kernels, each one pass over float32 arrays: the server's
+ * DC-ASGD update (hvd_dcasgd_f32) and the worker's pack (hvd_pack_f32).
+ *
+ * The DC-ASGD update (see compensation.py):
  *
  * For each element, with lambda_t = lambda_0, or, when mean_square is given,
  * MeanSquare = m * MeanSquare + (1 - m) * g * g and
@@ -17,6 +20,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define PARAMETERS                                                                                    \
     float *restrict grad, float *restrict w, float *restrict w_bak, float *restrict mean_square,         \
@@ -79,4 +83,28 @@ void hvd_dcasgd_f32(PARAMETERS, int nesterov, int sgd_step)
         variant = adaptive ? nesterov_step_adaptive : nesterov_step_constant;
     variant(grad, w, w_bak, mean_square, momentum_buffer, n, lambda_0, keep, blend, eps, lr, weight_decay, momentum,
             carry, undamped, threads);
+}
+
+/* The worker's pack: copy a float32 gradient into the push message and, with
+ * check set, find whether any element is NaN or Inf (all exponent bits set) in
+ * the same pass, where a copy and then a test read the gradient twice.
+ * Returns 1 when one is, 0 otherwise (always 0 without check). */
+int hvd_pack_f32(const float *restrict src, float *restrict dst, int64_t n, int check, int threads)
+{
+    int bad = 0;
+    if (!check) {
+        _Pragma("omp parallel for simd schedule(static) num_threads(threads) if (n > 65536)")
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = src[i];
+        return 0;
+    }
+    _Pragma("omp parallel for simd schedule(static) num_threads(threads) if (n > 65536) reduction(|:bad)")
+    for (int64_t i = 0; i < n; i++) {
+        const float v = src[i];
+        uint32_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        dst[i] = v;
+        bad |= (bits & 0x7f800000u) == 0x7f800000u;
+    }
+    return bad;
 }

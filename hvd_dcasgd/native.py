@@ -1,12 +1,13 @@
-"""The compensation kernel in C, compiled on first use with the system's C
-compiler and loaded with ctypes: one pass over memory, vectorised and spread
-over the cores with OpenMP, where a chain of torch ops makes one pass per op.
+"""The C kernels -- the server's compensation and the worker's pack --
+compiled on first use with the system's C compiler and loaded with ctypes: one
+pass over memory, vectorised and spread over the cores with OpenMP, where a
+chain of torch ops makes one pass per op.
 
 The library is cached (``HVD_DCASGD_CACHE``, default ``~/.cache/hvd_dcasgd``)
 under a name derived from its source, the flags, the machine and the compiler,
 so it is built once per machine.  With no compiler (one warning line), or with
-``HVD_DCASGD_NATIVE=0``, :func:`dcasgd_f32` returns False and the caller uses
-its torch implementation.
+``HVD_DCASGD_NATIVE=0``, :func:`dcasgd_f32` returns False (:func:`pack_f32`
+None) and the caller uses its torch implementation.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ def _build() -> Optional[ctypes.CDLL]:
     library.hvd_dcasgd_f32.argtypes = (
         [ctypes.c_void_p] * 5 + [ctypes.c_int64] + [ctypes.c_float] * 9 + [ctypes.c_int] * 3
     )
+    library.hvd_pack_f32.restype = ctypes.c_int
+    library.hvd_pack_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
     return library
 
 
@@ -103,3 +106,15 @@ def dcasgd_f32(grad: torch.Tensor, weight: torch.Tensor, backup: torch.Tensor, m
         torch.get_num_threads(), int(nesterov), int(lr is not None),
     )
     return True
+
+
+def pack_f32(src: torch.Tensor, dst: torch.Tensor, check: bool = True) -> Optional[bool]:
+    """Copy ``src`` into ``dst`` in one pass and, with ``check``, return
+    whether every element is finite (True without it); None, having done
+    nothing, unless the kernel is available and both are contiguous float32
+    tensors of one size on the CPU."""
+    lib = library()
+    if lib is None or src.numel() != dst.numel() or not all(
+            t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in (src, dst)):
+        return None
+    return not lib.hvd_pack_f32(src.data_ptr(), dst.data_ptr(), src.numel(), int(check), torch.get_num_threads())

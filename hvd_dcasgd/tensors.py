@@ -7,7 +7,9 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 
-__all__ = ["all_finite", "broadcast_", "byte_view", "snapshot", "to_cpu"]
+from . import native
+
+__all__ = ["all_finite", "broadcast_", "byte_view", "copy_checked_", "snapshot", "to_cpu"]
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -15,6 +17,18 @@ def all_finite(t: torch.Tensor) -> bool:
     propagate); only when it is not finite -- a NaN, an Inf, or a sum that
     merely overflowed -- is every element checked."""
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
+def copy_checked_(dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """Copy ``src`` into ``dst``; return whether ``dst`` then holds no NaN or
+    Inf (in ``dst``'s dtype, so a value the cast overflows counts).  One pass
+    over memory with the C kernel (contiguous float32 on the CPU, both sides),
+    otherwise a copy and then :func:`all_finite`."""
+    finite = native.pack_f32(src, dst) if src.shape == dst.shape else None
+    if finite is None:
+        dst.copy_(src)
+        finite = all_finite(dst)
+    return finite
 
 
 def byte_view(tensor: torch.Tensor) -> np.ndarray:

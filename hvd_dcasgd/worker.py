@@ -15,8 +15,8 @@ import torch
 
 from .channel import WorkerChannel
 from .errors import HvdDcasgdError
-from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
-from .tensors import all_finite, byte_view
+from .layout import ModelLayout, PushMessage, trained_parameters
+from .tensors import byte_view, copy_checked_
 
 
 class Worker:
@@ -50,9 +50,17 @@ class Worker:
 
     def pack(self) -> None:
         """Copy gradients (zeros where a parameter has none) and learning rates
-        into the message; refuse non-finite gradients before anything is sent."""
-        flatten_into(self.message.gradient, self.gradient_views, [p.grad for p in self.params])
-        if self.check_finite and not all_finite(self.message.gradient):
+        into the message; refuse non-finite gradients before anything is sent.
+        Copy and check are one pass over each gradient (``copy_checked_``)."""
+        finite = True
+        for view, p in zip(self.gradient_views, self.params):
+            if p.grad is None:
+                view.zero_()
+            elif self.check_finite:
+                finite &= copy_checked_(view, p.grad)
+            else:
+                view.copy_(p.grad)
+        if not finite:
             raise HvdDcasgdError(f"hvd_dcasgd: worker {self.channel.worker}: {self._what_is_not_finite()} at push "
                                  f"{self.channel.pushes}; nothing was pushed and the server's weights are unchanged "
                                  "(lower the learning rate, clip gradients, or catch this error to skip the batch).")

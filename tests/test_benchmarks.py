@@ -85,12 +85,18 @@ def test_end_to_end_benchmark_runs_and_writes_its_section(page):
     argv = ["--workers", 2, "--numel", 4096, "--steps", 5, "--markdown", page[0]]
     result = python(BENCH / "bench_end_to_end.py", *argv, timeout=600)
     assert result.returncode == 0, result.stdout
-    lines = re.findall(r"^  (\w+) +Horovod (on|off) +[\d.]+ updates/s", result.stdout, re.MULTILINE)
+    assert re.search(r"^  raw RMA protocol .* [\d.]+ updates/s$", result.stdout, re.MULTILINE), result.stdout
+    lines = re.findall(r"^  (\w+) +Horovod (on|off) +[\d.]+ updates/s .* ratio to raw [\d.]+", result.stdout,
+                       re.MULTILINE)
     settings = ["on", "off"] if importlib.util.find_spec("horovod") else ["off"]
     assert lines == [(m, h) for m in MODES for h in settings], result.stdout
     rows = _table(_section(page, "bench_end_to_end.py", argv))
-    assert [row[0].split()[0] for row in rows] == [f"`{m}`" for m in MODES], rows
-    assert rows[0][2] == "1.00" and len(rows[0]) == 1 + 2 * len(settings) + (len(settings) == 2), rows
+    assert [row[0].split()[0] for row in rows] == ["raw"] + [f"`{m}`" for m in MODES], rows
+    width = 1 + 3 * len(settings) + (len(settings) == 2)
+    assert all(len(row) == width for row in rows), rows
+    assert rows[0][2] == "1.00" and rows[1][3] == "1.00", rows  # raw to raw, ASGD to ASGD
+    raw = float(rows[0][1])
+    assert all(abs(float(row[2]) - float(row[1]) / raw) < 0.01 for row in rows[1:]), rows
 
 
 def test_markdown_needs_every_path_so_not_under_mpirun(tmp_path, monkeypatch):

@@ -1,0 +1,57 @@
+"""The worker's pack: the gradient copied into the push message and checked
+for NaN and Inf in one pass (the C kernel), or a copy then a check (torch)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from conftest import run
+from hvd_dcasgd import native
+from hvd_dcasgd.tensors import copy_checked_
+
+SPECIAL = [0.0, -0.0, 1e-45, -1e-45, 1e-38, torch.finfo(torch.float32).max, -torch.finfo(torch.float32).max]
+
+
+@pytest.mark.parametrize("numel", [1, 7, 65536, 65537, 300_001])  # both sides of the kernel's threading threshold
+def test_kernel_copies_bit_for_bit_and_finds_every_nan_and_inf(numel):
+    assert native.library() is not None, "the C kernel must build here (cc is part of the set-up)"
+    source = torch.randn(numel) * 1e3
+    source[: min(numel, len(SPECIAL))] = torch.tensor(SPECIAL[:numel])
+    target = torch.full((numel,), 7.0)
+    assert native.pack_f32(source, target) is True
+    assert torch.equal(target.view(torch.int32), source.view(torch.int32)), "a copy, bit for bit (-0.0 included)"
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for where in {0, numel // 2, numel - 1}:
+            broken = source.clone()
+            broken[where] = bad
+            assert native.pack_f32(broken, target) is False, (bad, where)
+            assert torch.equal(target.view(torch.int32), broken.view(torch.int32))
+            assert native.pack_f32(broken, target, check=False) is True, "without the check, only a copy"
+
+
+def test_kernel_declines_what_it_cannot_copy_and_the_fallback_checks_in_the_target_dtype():
+    source = torch.randn(64)
+    assert native.pack_f32(source, torch.empty(64, dtype=torch.float16)) is None
+    assert native.pack_f32(source, torch.empty(65)) is None
+    assert native.pack_f32(torch.randn(64, 2)[:, 0], torch.empty(64)) is None  # not contiguous
+    half = torch.empty(64, dtype=torch.float16)
+    source[3] = 1e6  # finite in float32, beyond float16's range
+    assert copy_checked_(half, source) is False
+    strided = torch.randn(64, 2)[:, 0]
+    target = torch.empty(64)
+    assert copy_checked_(target, strided) is True and torch.equal(target, strided)
+    strided[5] = float("nan")
+    assert copy_checked_(target, strided) is False
+
+
+def test_without_the_kernel_the_pack_is_a_copy_and_a_check():
+    probe = ("import torch\nfrom hvd_dcasgd import native\nfrom hvd_dcasgd.tensors import copy_checked_\n"
+             "s, t = torch.randn(100000), torch.empty(100000)\n"
+             "assert native.library() is None and native.pack_f32(s, t) is None\n"
+             "assert copy_checked_(t, s) and torch.equal(t, s)\n"
+             "s[99999] = float('inf')\nassert not copy_checked_(t, s)\nprint('checked')\n")
+    result = run([sys.executable, "-c", probe], env={"HVD_DCASGD_NATIVE": "0"}, timeout=120)
+    assert result.returncode == 0 and "checked" in result.stdout, result.stdout

@@ -30,7 +30,7 @@
 
 /* One function per structural variant, so that each is a straight loop that
  * the compiler vectorises (an OpenMP region is outlined once per function). */
-#define DEFINE_UPDATE(NAME, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)                              \
+#define DEFINE_UPDATE(NAME, PLAIN, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)                       \
     static void NAME(PARAMETERS)                                                                     \
     {                                                                                                \
         _Pragma("omp parallel for simd schedule(static) num_threads(threads) if (n > 65536)")       \
@@ -42,7 +42,7 @@
                 mean_square[i] = v;                                                                  \
                 lambda_t = (1.0f / sqrtf(v + eps)) * lambda_0;                                       \
             }                                                                                        \
-            const float compensated = g + lambda_t * g * g * (w[i] - w_bak[i]);                      \
+            const float compensated = (PLAIN) ? g : g + lambda_t * g * g * (w[i] - w_bak[i]);         \
             if (!(SGD_STEP)) {                                                                       \
                 grad[i] = compensated;                                                               \
             } else {                                                                                 \
@@ -59,28 +59,34 @@
         }                                                                                            \
     }
 
-DEFINE_UPDATE(compensate_constant, 0, 0, 0, 0)
-DEFINE_UPDATE(compensate_adaptive, 1, 0, 0, 0)
-DEFINE_UPDATE(step_constant, 0, 1, 0, 0)
-DEFINE_UPDATE(step_adaptive, 1, 1, 0, 0)
-DEFINE_UPDATE(momentum_step_constant, 0, 1, 1, 0)
-DEFINE_UPDATE(momentum_step_adaptive, 1, 1, 1, 0)
-DEFINE_UPDATE(nesterov_step_constant, 0, 1, 1, 1)
-DEFINE_UPDATE(nesterov_step_adaptive, 1, 1, 1, 1)
+/* PLAIN: lambda_0 is 0 (ASGD), so the gradient is used as it came and w_bak is
+ * only written, never read: one stream of memory less. */
+DEFINE_UPDATE(compensate_constant, 0, 0, 0, 0, 0)
+DEFINE_UPDATE(compensate_adaptive, 0, 1, 0, 0, 0)
+DEFINE_UPDATE(step_plain, 1, 0, 1, 0, 0)
+DEFINE_UPDATE(step_constant, 0, 0, 1, 0, 0)
+DEFINE_UPDATE(step_adaptive, 0, 1, 1, 0, 0)
+DEFINE_UPDATE(momentum_step_plain, 1, 0, 1, 1, 0)
+DEFINE_UPDATE(momentum_step_constant, 0, 0, 1, 1, 0)
+DEFINE_UPDATE(momentum_step_adaptive, 0, 1, 1, 1, 0)
+DEFINE_UPDATE(nesterov_step_plain, 1, 0, 1, 1, 1)
+DEFINE_UPDATE(nesterov_step_constant, 0, 0, 1, 1, 1)
+DEFINE_UPDATE(nesterov_step_adaptive, 0, 1, 1, 1, 1)
 
 void hvd_dcasgd_f32(PARAMETERS, int nesterov, int sgd_step)
 {
     /* keep = m, blend = 1 - m and undamped = 1 - dampening, each rounded to float32 by the caller */
     void (*variant)(PARAMETERS);
     const int adaptive = mean_square != NULL;
+    const int plain = !adaptive && lambda_0 == 0.0f;
     if (!sgd_step)
         variant = adaptive ? compensate_adaptive : compensate_constant;
     else if (momentum_buffer == NULL)
-        variant = adaptive ? step_adaptive : step_constant;
+        variant = adaptive ? step_adaptive : plain ? step_plain : step_constant;
     else if (!nesterov)
-        variant = adaptive ? momentum_step_adaptive : momentum_step_constant;
+        variant = adaptive ? momentum_step_adaptive : plain ? momentum_step_plain : momentum_step_constant;
     else
-        variant = adaptive ? nesterov_step_adaptive : nesterov_step_constant;
+        variant = adaptive ? nesterov_step_adaptive : plain ? nesterov_step_plain : nesterov_step_constant;
     variant(grad, w, w_bak, mean_square, momentum_buffer, n, lambda_0, keep, blend, eps, lr, weight_decay, momentum,
             carry, undamped, threads);
 }

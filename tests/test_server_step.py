@@ -247,7 +247,7 @@ def two_threads():
 @pytest.mark.parametrize("sgd", [dict(), dict(momentum=0.9), dict(momentum=0.9, dampening=0.5, weight_decay=1e-2),
                                  dict(momentum=0.9, nesterov=True, weight_decay=1e-2)],
                          ids=["plain", "momentum", "momentum-dampening-wd", "nesterov-wd"])
-@pytest.mark.parametrize("mode", ["constant", "adaptive"])
+@pytest.mark.parametrize("mode", ["none", "constant", "adaptive"])  # none: the kernel's plain step, w_bak never read
 def test_threaded_kernel_matches_torch(sgd, mode, two_threads):
     model, reference = Flat(), Flat()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, **sgd)
@@ -263,13 +263,14 @@ def test_threaded_kernel_matches_torch(sgd, mode, two_threads):
         w = reference.w.detach()
         if mode == "constant":
             g = g + 0.04 * g * g * (w - backups[worker])
-        else:
+        elif mode == "adaptive":
             mean_square = 0.95 * mean_square + 0.05 * g * g
             g = g + 2.0 / torch.sqrt(mean_square + 1e-7) * g * g * (w - backups[worker])
         reference.w.grad = g
         reference_optimizer.step()
         backups[worker] = reference.w.detach().clone()
         assert torch.allclose(server.weights, reference.w.detach(), rtol=1e-5, atol=1e-6), f"update {i}"
+        assert torch.equal(server.backups[worker], server.weights), "w_bak(m) = w after m's push"
 
 
 @pytest.mark.parametrize("wire", [torch.float16, torch.bfloat16])

@@ -104,7 +104,7 @@ def measure(args) -> None:
             get()
 
         def channel_round_trip():
-            worker_channel.push(send)
+            worker_channel.push([(0, send)])
             worker_channel.pull(recv)
 
         # interleaved, so that the machine's noise hits all of them alike

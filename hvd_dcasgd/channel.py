@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -76,10 +76,11 @@ class WorkerChannel:
         if self._timeout is not None:
             self._start_watchdog()
 
-    def push(self, message: np.ndarray) -> None:
-        """Deliver ``message`` to the inbox, then announce it."""
+    def push(self, pieces: Sequence[Tuple[int, np.ndarray]]) -> None:
+        """Deliver the message -- its ``(offset, bytes)`` pieces, which cover
+        it -- to the inbox, then announce it."""
         self._waiting_since = time.monotonic()  # until the answer is in (see _start_watchdog)
-        self.mailboxes.put_inbox(self.worker, message)
+        self.mailboxes.put_inbox_pieces(self.worker, pieces)
         self.pushes += 1
         self.control.store(_word(self.worker, PUSHED), self.pushes)
 

@@ -17,6 +17,7 @@ counters -- is in :meth:`ParameterServer.state_dict`.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import asdict
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -37,6 +38,8 @@ from .update import ServerUpdate
 
 #: The version of :meth:`ParameterServer.state_dict`'s format.
 STATE_FORMAT = 2
+#: Seconds between two answers to control requests while pushes keep the server busy.
+REQUESTS_INTERVAL = 0.01
 
 
 class ParameterServer:
@@ -308,7 +311,10 @@ class ParameterServer:
         close the session.
 
         Arguments:
-            between_polls: runs on every turn of the loop (control requests).
+            between_polls: runs between two polls (control requests): on every
+                turn while no push is pending, and at least every
+                ``REQUESTS_INTERVAL`` seconds while pushes keep coming (a
+                probe for messages costs as much as a poll of every worker).
             watch: names the workers that stay silent too long; with
                 ``HVD_DCASGD_STALL_TIMEOUT`` a worker silent that long is dropped.
             checkpoints: where periodic checkpoints go, between two updates.
@@ -320,8 +326,11 @@ class ParameterServer:
         synchronous = self.compensation.schedule == "sync"
         timeout = stall_timeout_seconds()
         backoff = Backoff(max_sleep=1e-4)
+        answered, requests_at = [], 0.0
         while True:
-            between_polls()
+            if not answered or time.monotonic() - requests_at >= REQUESTS_INTERVAL:
+                between_polls()
+                requests_at = time.monotonic()
             ready, left = self.channel.poll()
             if watch is not None:
                 self._watch(watch, ready, left, timeout)

@@ -20,7 +20,7 @@ asynchronous progress).
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -161,9 +161,16 @@ class Mailboxes:
 
     def put_inbox(self, worker: int, message: np.ndarray) -> None:
         """Write ``message`` (bytes) into ``worker``'s inbox; complete on return."""
+        self.put_inbox_pieces(worker, [(0, message)])
+
+    def put_inbox_pieces(self, worker: int, pieces: Sequence[Tuple[int, np.ndarray]]) -> None:
+        """Write each ``(offset, bytes)`` of ``pieces`` at that offset of
+        ``worker``'s inbox: every ``Put`` issued, then one flush completes
+        them all; complete on return."""
         base = self._inbox_disp(worker)
-        for start, end in _pieces(message.nbytes):
-            self.win.Put(message[start:end], self.owner, (base + start, end - start, self._mpi.BYTE))
+        for offset, data in pieces:
+            for start, end in _pieces(data.nbytes):
+                self.win.Put(data[start:end], self.owner, (base + offset + start, end - start, self._mpi.BYTE))
         self.win.Flush(self.owner)
 
     def get_outbox(self, worker: int, out: np.ndarray) -> None:

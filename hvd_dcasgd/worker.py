@@ -1,7 +1,11 @@
 """A worker's exchange with the server: push the gradient, pull the weights.
 
-Gradients are packed into one contiguous message (learning rates, then the
-gradient in the wire dtype): one Put.  The server's answer, its new weights,
+A push message is learning rates, then the gradient in the wire dtype, laid
+out in one contiguous inbox.  Small gradients are packed into the worker's
+copy of the message, checked for NaN and Inf as they are copied; a large one
+already in the wire dtype (contiguous, on the CPU) is checked where it lies
+and Put from there, with no copy.  The Puts -- one per packed run, one per
+large gradient -- are all issued before one flush completes them.  The server's answer, its new weights,
 arrives in one host buffer: one Get.  CPU parameters are views of that buffer,
 so the next forward pass runs on the server's weights with no copy; others
 (a worker's GPU) are loaded from it.
@@ -9,14 +13,20 @@ so the next forward pass runs on the server's weights with no copy; others
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
+import numpy as np
 import torch
 
 from .channel import WorkerChannel
 from .errors import HvdDcasgdError
-from .layout import ModelLayout, PushMessage, trained_parameters
-from .tensors import byte_view, copy_checked_
+from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
+from .tensors import all_finite, byte_view, copy_checked_
+
+#: A gradient of at least this many bytes, already in the wire dtype on the
+#: CPU, is Put from its own memory; smaller ones are packed together, so that
+#: a model of many small tensors still makes few Puts.
+DIRECT_PUT_BYTES = 1 << 16
 
 
 class Worker:
@@ -46,26 +56,48 @@ class Worker:
                 view.copy_(p.detach())
                 p.data = view
         self._message_bytes = self.message.bytes.numpy()
+        size = self.message.gradient.element_size()
+        self._spans = [(self.message.header_bytes + size * a, self.message.header_bytes + size * b)
+                       for a, b in zip(layout.offsets, layout.offsets[1:])]  # each gradient's bytes in the message
         self.weight_bytes = byte_view(self.weights)
 
-    def pack(self) -> None:
-        """Copy gradients (zeros where a parameter has none) and learning rates
-        into the message; refuse non-finite gradients before anything is sent.
-        Copy and check are one pass over each gradient (``copy_checked_``)."""
-        finite = True
-        for view, p in zip(self.gradient_views, self.params):
-            if p.grad is None:
+    def pack(self) -> List[Tuple[int, np.ndarray]]:
+        """The message as ``(offset, bytes)`` pieces: learning rates and small
+        gradients (zeros where a parameter has none) copied into the
+        message, large ones as they lie.  Non-finite gradients are refused
+        before anything is sent; each gradient is read once by the check
+        (``copy_checked_`` copies and checks in the same pass)."""
+        for i, group in enumerate(self.optimizer.param_groups):
+            self.message.lrs[i] = float(group["lr"])
+        pieces, run, finite = [], 0, True  # run: where the packed bytes not yet in a piece start
+        for view, p, (start, end) in zip(self.gradient_views, self.params, self._spans):
+            grad = p.grad
+            if grad is None:
                 view.zero_()
+            elif self._sent_as_it_lies(grad, view):
+                finite = finite and (not self.check_finite or all_finite(grad))
+                pieces += [(run, self._message_bytes[run:start])] if run < start else []
+                pieces.append((start, byte_view(grad.detach())))
+                run = end
             elif self.check_finite:
-                finite &= copy_checked_(view, p.grad)
+                finite &= copy_checked_(view, grad)
             else:
-                view.copy_(p.grad)
+                view.copy_(grad)
+        if run < len(self._message_bytes):
+            pieces.append((run, self._message_bytes[run:]))
         if not finite:
+            flatten_into(self.message.gradient, self.gradient_views, [p.grad for p in self.params])
             raise HvdDcasgdError(f"hvd_dcasgd: worker {self.channel.worker}: {self._what_is_not_finite()} at push "
                                  f"{self.channel.pushes}; nothing was pushed and the server's weights are unchanged "
                                  "(lower the learning rate, clip gradients, or catch this error to skip the batch).")
-        for i, group in enumerate(self.optimizer.param_groups):
-            self.message.lrs[i] = float(group["lr"])
+        return pieces
+
+    @staticmethod
+    def _sent_as_it_lies(grad: torch.Tensor, view: torch.Tensor) -> bool:
+        """Whether ``grad`` goes from its own memory: large enough for a Put
+        of its own to pay, and already what the message would hold."""
+        return (grad.nbytes >= DIRECT_PUT_BYTES and grad.device.type == "cpu" and grad.dtype == view.dtype
+                and grad.shape == view.shape and grad.is_contiguous())
 
     def _what_is_not_finite(self) -> str:
         """Which gradient is not finite on the wire, and why: a NaN or Inf of
@@ -91,8 +123,7 @@ class Worker:
 
     def exchange(self) -> None:
         """Push this step's gradient and load the weights the server answers with."""
-        self.pack()
-        self.channel.push(self._message_bytes)
+        self.channel.push(self.pack())
         self.channel.pull(self.weight_bytes)
         self.load_weights()
 

@@ -55,3 +55,63 @@ def test_without_the_kernel_the_pack_is_a_copy_and_a_check():
              "s[99999] = float('inf')\nassert not copy_checked_(t, s)\nprint('checked')\n")
     result = run([sys.executable, "-c", probe], env={"HVD_DCASGD_NATIVE": "0"}, timeout=120)
     assert result.returncode == 0 and "checked" in result.stdout, result.stdout
+
+
+class _Channel:
+    """What ``Worker.pack`` reads of its channel: the worker index and push count."""
+
+    worker, pushes = 0, 0
+
+
+def _worker(model, wire=torch.float32):
+    from hvd_dcasgd.layout import ModelLayout
+    from hvd_dcasgd.worker import Worker
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.25)
+    return Worker(optimizer, ModelLayout.of(optimizer, model.named_parameters()), _Channel(), wire)
+
+
+def _assemble(pieces, nbytes):
+    """The inbox the pieces write, and the check that they cover it once."""
+    inbox, covered = torch.zeros(nbytes, dtype=torch.uint8), 0
+    for offset, data in sorted(pieces, key=lambda piece: piece[0]):
+        assert offset == covered, "pieces in order, no gap, no overlap"
+        inbox[offset:offset + data.nbytes] = torch.from_numpy(data.copy())
+        covered += data.nbytes
+    assert covered == nbytes
+    return inbox
+
+
+def test_large_gradients_go_as_they_lie_small_ones_packed_and_the_inbox_is_the_packed_message():
+    from hvd_dcasgd.layout import flatten_into
+    from hvd_dcasgd.worker import DIRECT_PUT_BYTES
+
+    model = torch.nn.Sequential(torch.nn.Linear(200, 100), torch.nn.Linear(100, 10), torch.nn.Linear(10, 300))
+    model(torch.randn(4, 200)).square().sum().backward()
+    model[1].bias.grad = None  # a parameter without a gradient travels as zeros
+    worker = _worker(model)
+    pieces = worker.pack()
+    grads = [p.grad for p in worker.params]
+    direct = [g for g in grads if g is not None and g.nbytes >= DIRECT_PUT_BYTES]
+    assert len(direct) == 1 and any(data.ctypes.data == direct[0].data_ptr() for _, data in pieces), "no copy"
+    assert len(pieces) == 3  # header and the small gradients before it; the large one; the rest
+    expected = torch.zeros_like(worker.message.bytes)
+    expected[: worker.message.header_bytes] = worker.message.bytes[: worker.message.header_bytes]
+    flatten_into(expected[worker.message.header_bytes:].view(torch.float32),
+                 worker.layout.views(expected[worker.message.header_bytes:].view(torch.float32)), grads)
+    assert torch.equal(_assemble(pieces, worker.message.nbytes), expected)
+    assert worker.message.lrs.tolist() == [0.25]
+
+
+def test_a_nan_in_a_gradient_sent_as_it_lies_is_refused_by_name_before_anything_goes():
+    from hvd_dcasgd.errors import HvdDcasgdError
+
+    model = torch.nn.Sequential(torch.nn.Linear(200, 100), torch.nn.Linear(100, 10))
+    model(torch.randn(4, 200)).sum().backward()
+    model[0].weight.grad[3, 7] = float("inf")
+    with pytest.raises(HvdDcasgdError, match="the gradient of '0.weight' holds NaN or Inf at push 0; nothing was"):
+        _worker(model).pack()
+    half = _worker(model, torch.float16)  # another wire dtype: packed, cast and checked
+    model[0].weight.grad[3, 7] = 1e6
+    with pytest.raises(HvdDcasgdError, match="'0.weight' holds finite values beyond float16's range"):
+        half.pack()

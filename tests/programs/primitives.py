@@ -81,7 +81,7 @@ else:
     message, reply = np.zeros(8, dtype=np.int64), np.zeros(8, dtype=np.int64)
     for k in range(PUSHES):
         message[0] = k
-        channel.push(message.view(np.uint8))
+        channel.push([(0, message.view(np.uint8))])
         channel.pull(reply.view(np.uint8))
         if reply[0] != 10 * k:
             check(f"channel: reply to push {k}", False)

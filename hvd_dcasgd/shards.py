@@ -54,7 +54,7 @@ def check_shardable(optimizer: torch.optim.Optimizer, servers: int) -> None:
     if servers > 1 and isinstance(optimizer, UNSHARDABLE):
         raise HvdDcasgdValueError(
             f"hvd_dcasgd: {type(optimizer).__name__} needs every parameter at once, so it cannot run on "
-            f"{servers} servers; use one server (HVD_DCASGD_SERVERS=1)")
+            f"{servers} servers; use one server")
 
 
 def partition(offsets: Sequence[int], servers: int, whole_tensors: bool = False,

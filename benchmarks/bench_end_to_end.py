@@ -62,26 +62,32 @@ def train(args) -> None:
     hvd.shutdown()
 
 
-def launch(args) -> None:
+def run_once(args, mode: str, horovod: str, servers: int = 1) -> dict:
+    """One mpirun of ``mode`` (or the raw protocol): the server's end-of-run
+    figures (``HVD_DCASGD_SUMMARY``; with several servers, the merged ones)."""
     from hvd_dcasgd.process import run_command
 
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    settings = ("auto", "0") if importlib.util.find_spec("horovod") else ("0",)
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    with tempfile.TemporaryDirectory() as scratch:
+        summary = Path(scratch) / "summary.json"
+        cmd = ["mpirun", *root, "--oversubscribe", "-np", str(args.workers + servers), sys.executable, __file__,
+               "--run", mode, "--numel", str(args.numel), "--steps", str(args.steps)]
+        env = {**os.environ, "PYTHONPATH": path, "HVD_DCASGD_HOROVOD": horovod, "HVD_DCASGD_SUMMARY": str(summary),
+               "HVD_DCASGD_SERVERS": str(servers)}
+        out = run_command(cmd, timeout=args.timeout, env=env)
+        if out.returncode != 0 or not summary.exists():
+            sys.exit(f"{mode} on {servers} server(s) failed{' (timed out)' if out.timed_out else ''}:\n{out.stdout}")
+        return json.loads(summary.read_text())
+
+
+def launch(args) -> None:
+    settings = ("auto", "0") if importlib.util.find_spec("horovod") else ("0",)
     runs = {}
     order = [(RAW, "0"), *itertools.product(MODES, settings)]
-    with tempfile.TemporaryDirectory() as scratch:
-        summary = Path(scratch) / "summary.json"  # the server's end-of-run figures (HVD_DCASGD_SUMMARY)
-        for _, (mode, horovod) in itertools.product(range(args.rounds), order):  # interleaved rounds
-            cmd = ["mpirun", *root, "--oversubscribe", "-np", str(args.workers + 1), sys.executable, __file__,
-                   "--run", mode, "--numel", str(args.numel), "--steps", str(args.steps)]
-            env = {**os.environ, "PYTHONPATH": path, "HVD_DCASGD_HOROVOD": horovod, "HVD_DCASGD_SUMMARY": str(summary)}
-            summary.unlink(missing_ok=True)
-            out = run_command(cmd, timeout=args.timeout, env=env)
-            if out.returncode != 0 or not summary.exists():
-                sys.exit(f"{mode} failed{' (timed out)' if out.timed_out else ''}:\n{out.stdout}")
-            figures = json.loads(summary.read_text())
-            runs.setdefault((mode, horovod), []).append((figures["updates_per_s"], figures["gradients_per_s"]))
+    for _, (mode, horovod) in itertools.product(range(args.rounds), order):  # interleaved rounds
+        figures = run_once(args, mode, horovod)
+        runs.setdefault((mode, horovod), []).append((figures["updates_per_s"], figures["gradients_per_s"]))
     rates = {key: tuple(statistics.median(r[i] for r in rs) for i in range(2)) for key, rs in runs.items()}
     rounds = f", median of {args.rounds} interleaved rounds" if args.rounds > 1 else ""
     title = (f"end to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, "

@@ -88,7 +88,7 @@ def measure(args) -> None:
                 answered += 1
     else:
         worker_channel = WorkerChannel(control, mailboxes, 0)
-        worker = Worker(optimizer, layout, worker_channel, torch.float32)
+        worker = Worker(optimizer, layout, [worker_channel], torch.float32)
         model.weight.grad = torch.randn_like(model.weight)
 
         def put():

@@ -63,13 +63,14 @@ def _word(worker: int, field: int) -> int:
 class WorkerChannel:
     """Worker ``worker``'s end: push a message, pull the reply, leave."""
 
-    def __init__(self, control: ControlWords, mailboxes: Mailboxes, worker: int):
+    def __init__(self, control: ControlWords, mailboxes: Mailboxes, worker: int, server: Optional[str] = None):
+        """``server`` names the server in messages (default: by its rank)."""
         self.control = control
         self.mailboxes = mailboxes
         self.worker = worker
         self.pushes = 0
         self.stopping = False  # the server's last answer said: stop after this step
-        self._server = f"the server (MPI rank {control.owner})"
+        self._server = server or f"the server (MPI rank {control.owner})"
         self._timeout = stall_timeout_seconds()
         self._beat, self._beat_seen, self._beat_read = -1, 0.0, 0.0  # the last heartbeat, when it moved, when read
         self._waiting_since: Optional[float] = None  # in a wait for the server since then
@@ -79,16 +80,38 @@ class WorkerChannel:
     def push(self, pieces: Sequence[Tuple[int, np.ndarray]]) -> None:
         """Deliver the message -- its ``(offset, bytes)`` pieces, which cover
         it -- to the inbox, then announce it."""
+        self.send(pieces)
+        self.announce()
+
+    def send(self, pieces: Sequence[Tuple[int, np.ndarray]]) -> None:
+        """Issue the Puts of a push (a worker talking to several servers
+        issues every server's before completing any); :meth:`announce`
+        completes and announces them."""
         self._waiting_since = time.monotonic()  # until the answer is in (see _start_watchdog)
-        self.mailboxes.put_inbox_pieces(self.worker, pieces)
+        self.mailboxes.put_inbox_pieces(self.worker, pieces, flush=False)
+
+    def announce(self) -> None:
+        """Complete the Puts :meth:`send` issued, then announce the push."""
+        self.mailboxes.flush()
         self.pushes += 1
         self.control.store(_word(self.worker, PUSHED), self.pushes)
 
     def pull(self, out: np.ndarray) -> None:
-        """Wait until the server answered the last push, then read the outbox.
-        A wait past ``HVD_DCASGD_STALL_WARNING`` seconds is said out loud; a
-        server silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds, or an answer
-        that says this worker was dropped, raises."""
+        """Wait until the server answered the last push, then read the outbox."""
+        self.await_answer()
+        self.read(out)
+
+    def read(self, out: np.ndarray, flush: bool = True) -> None:
+        """Read the outbox, the server's answer, into ``out`` (with
+        ``flush=False`` the Get completes at the window's next flush)."""
+        self.mailboxes.get_outbox(self.worker, out, flush)
+        self._waiting_since = None
+
+    def await_answer(self) -> None:
+        """Wait until the server answered the last push.  A wait past
+        ``HVD_DCASGD_STALL_WARNING`` seconds is said out loud; a server
+        silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds, or an answer that
+        says this worker was dropped, raises."""
         backoff = Backoff()
         watch = None
         while True:
@@ -104,8 +127,6 @@ class WorkerChannel:
                 watch.check([True], f"has not answered push {self.pushes - 1}")
                 self._check_server_alive()
         self.stopping = bool(replied & STOP_BIT)
-        self.mailboxes.get_outbox(self.worker, out)
-        self._waiting_since = None
 
     def ask_to_stop(self) -> None:
         """Ask the server to stop the session (this rank was told to stop)."""

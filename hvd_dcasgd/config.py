@@ -88,6 +88,8 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              "the job is preempted and at the end)", _non_negative_number),
     Variable("HVD_DCASGD_TRACE", "a path: the server writes one JSON line per applied gradient"),
     Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),
+    Variable("HVD_DCASGD_SERVERS", "how many server ranks (default 1): world ranks 0..S-1 serve one slice of the "
+             "parameters each, the rest are workers; overrides init(servers=...)", _positive_integer),
     Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device (default: CUDA when it has one, else the CPU)"),
     Variable("HVD_DCASGD_HOROVOD", "auto, 0 or 1: start Horovod among the workers", _choice("auto", "0", "1")),
     Variable("HVD_DCASGD_THREAD_LEVEL", "the MPI thread level mpi4py asks for",

@@ -23,7 +23,7 @@ from .telemetry import Telemetry
 from .transport import ControlWords, Mailboxes
 from .worker import Worker
 
-__all__ = ["open_server", "open_windows", "open_worker"]
+__all__ = ["open_server", "open_windows", "open_worker", "open_worker_channel"]
 
 def _thread_level_hint() -> str:
     """Why MPI runs at thread level MULTIPLE, which Open MPI's one-sided
@@ -101,5 +101,14 @@ def open_worker(
     """Worker ``worker``'s end (0-based) of the server on rank ``owner`` of
     ``comm`` (collective, with :func:`open_server` on the owner)."""
     wire_dtype = layout.dtype if wire_dtype is None else wire_dtype
+    channel = open_worker_channel(comm, layout, wire_dtype, worker=worker, num_workers=num_workers, owner=owner)
+    return Worker(optimizer, layout, [channel], wire_dtype, check_finite)
+
+
+def open_worker_channel(comm: Any, layout: ModelLayout, wire_dtype: torch.dtype, *, worker: int, num_workers: int,
+                        owner: int = 0, server: Optional[str] = None) -> WorkerChannel:
+    """Worker ``worker``'s channel to the server on rank ``owner`` of
+    ``comm``, which serves ``layout`` (collective, with :func:`open_server`
+    on the owner); ``server`` names it in messages."""
     control, mailboxes = open_windows(comm, layout, wire_dtype, num_workers, owner)
-    return Worker(optimizer, layout, WorkerChannel(control, mailboxes, worker), wire_dtype, check_finite)
+    return WorkerChannel(control, mailboxes, worker, server)

@@ -51,12 +51,15 @@ def abort(comm: Any, sentence: Optional[str], status: int) -> None:
     os._exit(status)  # not reached: Abort does not return
 
 
-def rank_name(world_rank: int) -> str:
-    """``rank 0 (the server)`` or ``rank 3 (worker 2)``."""
-    return "rank 0 (the server)" if world_rank == 0 else f"rank {world_rank} (worker {world_rank - 1})"
+def rank_name(world_rank: int, servers: int = 1) -> str:
+    """``rank 0 (the server)``, ``rank 1 (server 1)`` or ``rank 3 (worker 2)``,
+    where world ranks ``0..servers-1`` are the servers."""
+    if world_rank >= servers:
+        return f"rank {world_rank} (worker {world_rank - servers})"
+    return "rank 0 (the server)" if servers == 1 else f"rank {world_rank} (server {world_rank})"
 
 
-def abort_on_uncaught(previous: Callable, comm: Any) -> Callable:
+def abort_on_uncaught(previous: Callable, comm: Any, servers: int = 1) -> Callable:
     """A ``sys.excepthook`` that prints the traceback, then one sentence naming
     the rank and the cause, and ends the job: an uncaught exception on one
     rank would otherwise leave the others waiting for it forever.  An error
@@ -67,13 +70,13 @@ def abort_on_uncaught(previous: Callable, comm: Any) -> Callable:
         if getattr(value, "collective", False):
             return
         status = getattr(value, "status", 1)
-        abort(comm, f"hvd_dcasgd: {rank_name(comm.Get_rank())} ended with {kind.__name__}: {value}; "
+        abort(comm, f"hvd_dcasgd: {rank_name(comm.Get_rank(), servers)} ended with {kind.__name__}: {value}; "
                     f"ending the job (status {status}).", status)
 
     return hook
 
 
-def abort_on_thread_exception(comm: Any) -> Callable:
+def abort_on_thread_exception(comm: Any, servers: int = 1) -> Callable:
     """A ``threading.excepthook`` that does the same for a thread."""
 
     def hook(args):
@@ -81,7 +84,7 @@ def abort_on_thread_exception(comm: Any) -> Callable:
             return
         traceback.print_exception(args.exc_type, args.exc_value, args.exc_traceback)
         name = args.thread.name if args.thread is not None else "a thread"
-        abort(comm, f"hvd_dcasgd: {rank_name(comm.Get_rank())}: thread {name!r} ended with "
+        abort(comm, f"hvd_dcasgd: {rank_name(comm.Get_rank(), servers)}: thread {name!r} ended with "
                     f"{args.exc_type.__name__}: {args.exc_value}; ending the job.", 1)
 
     return hook
@@ -99,7 +102,7 @@ def announce_departure(comm: Any, cause: str) -> None:
         time.sleep(0.001)
 
 
-def rendezvous(comm: Any, mpi: Any) -> None:
+def rendezvous(comm: Any, mpi: Any, servers: int = 1) -> None:
     """Wait until every rank arrived here; if one exited instead, raise a
     sentence naming it (the caller's excepthook then ends the job)."""
     arrived = comm.Ibarrier()
@@ -108,7 +111,7 @@ def rendezvous(comm: Any, mpi: Any) -> None:
         if comm.Iprobe(source=mpi.ANY_SOURCE, tag=DEPARTURE_TAG, status=status):
             source = status.Get_source()
             cause = comm.recv(source=source, tag=DEPARTURE_TAG)
-            raise HvdDcasgdError(f"hvd_dcasgd: {rank_name(source)} {cause}, so the training session cannot "
+            raise HvdDcasgdError(f"hvd_dcasgd: {rank_name(source, servers)} {cause}, so the training session cannot "
                                  "start without it")
         time.sleep(0.001)
 

@@ -1,8 +1,8 @@
-"""``hvd-dcasgd-run``: start one parameter server and N workers under the MPI it finds.
+"""``hvd-dcasgd-run``: start S parameter servers (one unless ``--servers``) and N workers under the MPI it finds.
 
     hvd-dcasgd-run -n 4 examples/train_digits.py --epochs 5
 
-runs ``mpirun`` (Open MPI) or ``mpiexec`` (MPICH's Hydra) with N+1 ranks and the
+runs ``mpirun`` (Open MPI) or ``mpiexec`` (MPICH's Hydra) with N+S ranks and the
 options this project needs there: the one-sided component, asynchronous
 progress, oversubscription, running as root, the environment, and one GPU per
 rank. ``docs/LAUNCH.md`` is the reference.
@@ -92,10 +92,14 @@ def parser() -> argparse.ArgumentParser:
     """The command-line interface; everything after the script goes to the script."""
     cli = argparse.ArgumentParser(
         prog=PROG,
-        description="Run a DC-ASGD training script as 1 parameter server (rank 0) + N workers under MPI.",
+        description="Run a DC-ASGD training script as S parameter servers (ranks 0..S-1; one by default) + N "
+                    "workers under MPI.",
         epilog="Example: hvd-dcasgd-run -n 4 examples/train_digits.py --epochs 5. Reference: docs/LAUNCH.md.",
     )
-    cli.add_argument("-n", "--workers", type=int, required=True, help="number of workers; N+1 ranks are started")
+    cli.add_argument("-n", "--workers", type=int, required=True, help="number of workers; N+S ranks are started")
+    cli.add_argument("--servers", type=int, default=None,
+                     help="number of parameter servers S, each holding a slice of the parameters (default: "
+                          "HVD_DCASGD_SERVERS, else 1); on several hosts they are spread one per host first")
     where = cli.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", help="hosts and slots, host[:slots],...; the server runs on the first")
     where.add_argument("--hostfile", help="a hostfile in the syntax of the MPI found (Open MPI: `host slots=N`; "
@@ -194,7 +198,7 @@ def host_list(hosts: Sequence[Host]) -> str:
 def open_mpi_options(args: argparse.Namespace, machine: Machine, hosts: Sequence[Host], mpi_args: Sequence[str],
                      environ: Mapping[str, str], plan: Plan) -> None:
     """Append Open MPI's options: root, ranks, hosts, oversubscription, the one-sided component, ``-x``."""
-    ranks = args.workers + 1
+    ranks = args.workers + args.servers
     if machine.is_root:
         plan.command.append("--allow-run-as-root")
         plan.reasons.append("running as root: --allow-run-as-root")
@@ -209,6 +213,10 @@ def open_mpi_options(args: argparse.Namespace, machine: Machine, hosts: Sequence
     elif not hosts and ranks > machine.cores:
         plan.command.append("--oversubscribe")
         plan.reasons.append(f"{ranks} ranks on {machine.cores} core(s): --oversubscribe")
+    if args.servers > 1 and (len({host.name for host in hosts}) > 1 or args.hostfile):
+        plan.command += ["--map-by", "node"]
+        plan.reasons.append("several servers on several hosts: --map-by node (ranks round-robin over the hosts, "
+                            "so the servers, ranks 0..S-1, go one per host first)")
 
     theirs = user_mca(mpi_args, environ)
     if any(name in theirs for name in ONE_SIDED_MCA):
@@ -227,7 +235,7 @@ def open_mpi_options(args: argparse.Namespace, machine: Machine, hosts: Sequence
         plan.command += ["--mca", "pml", "ob1", "--mca", "btl", "tcp,vader,self", "--mca", "osc", "pt2pt"]
         plan.notes.append(PT2PT_NOTE)
 
-    exported = passed_variables(environ)
+    exported = passed_variables(environ, args.servers)
     if "pt2pt" in (osc or "").split(","):
         for name, value in (("HVD_DCASGD_THREAD_LEVEL", "serialized"), ("HVD_DCASGD_HOROVOD", "0")):
             exported.setdefault(name, value)
@@ -237,22 +245,33 @@ def open_mpi_options(args: argparse.Namespace, machine: Machine, hosts: Sequence
 
 def mpich_options(args: argparse.Namespace, hosts: Sequence[Host], environ: Mapping[str, str], plan: Plan) -> None:
     """Append MPICH Hydra's options: ranks, hosts, asynchronous progress, the environment."""
-    plan.command += ["-n", str(args.workers + 1)]
+    plan.command += ["-n", str(args.workers + args.servers)]
     if args.hosts:
         plan.command += ["-hosts", host_list(hosts)]
     elif args.hostfile:
         plan.command += ["-f", args.hostfile]
+    if args.servers > 1 and (len({host.name for host in hosts}) > 1 or args.hostfile):
+        plan.command += ["-ppn", "1"]
+        plan.reasons.append("several servers on several hosts: -ppn 1 (ranks round-robin over the hosts, so the "
+                            "servers, ranks 0..S-1, go one per host first)")
     if "MPIR_CVAR_ASYNC_PROGRESS" not in environ:
         plan.command += ["-genv", "MPIR_CVAR_ASYNC_PROGRESS", "1"]
         plan.reasons.append("MPICH: asynchronous progress, so a worker's Put completes while the server computes")
-    exported = passed_variables(environ)
+    exported = passed_variables(environ, args.servers)
+    if exported.get("HVD_DCASGD_SERVERS"):
+        plan.command += ["-genv", "HVD_DCASGD_SERVERS", exported.pop("HVD_DCASGD_SERVERS")]
     if exported:
         plan.command += ["-genvlist", ",".join(exported)]
 
 
-def passed_variables(environ: Mapping[str, str]) -> dict[str, Optional[str]]:
-    """The caller's variables every rank gets (HVD_DCASGD_*, PYTHONPATH), each with None: its own value."""
-    return {name: None for name in sorted(environ) if name.startswith("HVD_DCASGD_") or name in PASSED_VARIABLES}
+def passed_variables(environ: Mapping[str, str], servers: int = 1) -> dict[str, Optional[str]]:
+    """The variables every rank gets: the caller's (HVD_DCASGD_*, PYTHONPATH), each with None (its own
+    value), and ``HVD_DCASGD_SERVERS`` with the number of servers where that is not the caller's."""
+    exported: dict[str, Optional[str]] = {
+        name: None for name in sorted(environ) if name.startswith("HVD_DCASGD_") or name in PASSED_VARIABLES}
+    if servers != 1 and environ.get("HVD_DCASGD_SERVERS") != str(servers):
+        exported["HVD_DCASGD_SERVERS"] = str(servers)
+    return exported
 
 
 def rank_command(args: argparse.Namespace, machine: Machine, plan: Plan) -> None:
@@ -272,10 +291,15 @@ def rank_command(args: argparse.Namespace, machine: Machine, plan: Plan) -> None
 
 def build(args: argparse.Namespace, machine: Machine, environ: Mapping[str, str]) -> Plan:
     """The MPI command for ``args`` on ``machine``; reads nothing but a hostfile, runs nothing."""
+    args.servers = servers_of(args.servers, environ)
     mpi_args = [word for chunk in args.mpi_arg for word in shlex.split(chunk)]
     hosts = hosts_of(args, machine.flavour)
     plan = Plan([machine.mpirun])
-    plan.reasons.append(f"{args.workers + 1} ranks: the server (rank 0) and {args.workers} worker(s)")
+    if args.servers == 1:
+        plan.reasons.append(f"{args.workers + 1} ranks: the server (rank 0) and {args.workers} worker(s)")
+    else:
+        plan.reasons.append(f"{args.workers + args.servers} ranks: {args.servers} servers (ranks 0..{args.servers - 1}, "
+                            f"each a slice of the parameters) and {args.workers} worker(s)")
     if machine.flavour == OPEN_MPI:
         open_mpi_options(args, machine, hosts, mpi_args, environ, plan)
     else:
@@ -363,6 +387,14 @@ def probe(args: argparse.Namespace, environ: Mapping[str, str]) -> Machine:
         gpus=local_gpus(environ) if args.gpus == "auto" else (),
         ucx_rdma=flavour == OPEN_MPI and several_nodes and has_ucx_rdma(mpirun, environ),
     )
+
+
+def servers_of(requested: Optional[int], environ: Mapping[str, str]) -> int:
+    """The number of servers: ``--servers``, else ``HVD_DCASGD_SERVERS`` (already checked), else 1."""
+    servers = requested if requested is not None else int(environ.get("HVD_DCASGD_SERVERS", "").strip() or 1)
+    if servers < 1:
+        raise LaunchError(f"--servers must be at least 1 (got {servers}).")
+    return servers
 
 
 def gpu_for_rank(world_rank: int, local_rank: int, gpus: Sequence[str]) -> str:

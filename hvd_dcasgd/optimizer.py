@@ -28,7 +28,8 @@ from .layout import ModelLayout
 from .mpi_ops import Adasum, Average, Sum
 from .runtime import LOCAL, SERVER, WORKER, Runtime, runtime
 from .session import HorovodSession, idle_server, run_server, start_worker
-from .tensors import to_cpu
+from .shards import check_shardable, is_elementwise, partition
+from .stall import stall_timeout_seconds
 
 #: Every training method by its short name: the server's modes (``none`` is
 #: ASGD, ``sync`` is SSGD, ``constant``/``adaptive`` are DC-ASGD-c/-a) and
@@ -125,15 +126,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         steps), then here.  A state the server cannot take raises here and
         changes nothing, on either side."""
         if self._session is not None and not self._session.finished:
-            self._session.requests.ask({"kind": "load_optimizer_state", "state": to_cpu(state_dict)})
+            self._session.load_optimizer_state(state_dict)
         super(self.__class__, self).load_state_dict(state_dict)
 
 
-def _server_device(requested: Optional[str]) -> torch.device:
+def _server_device(rt: Runtime, requested: Optional[str]) -> torch.device:
+    """The server's device: as asked, else its GPU when it has one (with
+    several servers on a node, each its own: the one of its index among
+    them), else the CPU."""
     requested = setting("HVD_DCASGD_SERVER_DEVICE") or requested
     if requested:
         return torch.device(requested)
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    if rt.servers > 1:
+        return torch.device("cuda", rt.local_rank % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def resolve_method(compensation: str, schedule: Optional[str], backend: Optional[str]) -> Tuple[str, str, str]:
@@ -257,7 +265,7 @@ def DistributedOptimizer(
     compensation, schedule, backend = resolve_method(compensation, schedule, backend)
     method = method_name(compensation, schedule, backend)
     if rt.role != LOCAL and not rt.joined:
-        rendezvous(rt.world, rt.mpi)  # a rank that exited instead is named, never waited for
+        rendezvous(rt.world, rt.mpi, rt.servers)  # a rank that exited instead is named, never waited for
         rt.joined = True
     _agree_on_method(rt, method)
     if backend == "horovod":
@@ -284,17 +292,40 @@ def DistributedOptimizer(
     )
     layout = ModelLayout.of(optimizer, named_parameters, model)
     wire_dtype = compression.wire(layout.dtype)
+    slices = _slices(rt, optimizer, layout, checkpoint_dir)
     if rt.role == SERVER:
         trace = setting("HVD_DCASGD_TRACE") or trace
-        run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(server_device), trace,
-                   checkpoint_dir)
+        run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(rt, server_device), trace,
+                   checkpoint_dir, slices)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, backward_passes_per_step)
     wrapped.compensation = settings
     wrapped.method = method
     if rt.role != LOCAL:
-        wrapped._session = start_worker(rt, wrapped, layout, settings, wire_dtype, model, check_finite)
+        wrapped._session = start_worker(rt, wrapped, layout, settings, wire_dtype, model, check_finite, slices)
     return wrapped
+
+
+def _slices(rt: Runtime, optimizer: torch.optim.Optimizer, layout: ModelLayout,
+            checkpoint_dir: Optional[str]) -> list:
+    """Each server's slice of the flat parameter vector, the same on every
+    rank (cut inside a parameter only for an element-wise optimizer); what
+    several servers cannot do yet is refused on every rank alike."""
+    if rt.role == LOCAL or rt.servers == 1:
+        return [(0, layout.numel)]
+    missing = []
+    if setting("HVD_DCASGD_CHECKPOINT_DIR") or checkpoint_dir:
+        missing.append("checkpoints (HVD_DCASGD_CHECKPOINT_DIR, checkpoint_dir=)")
+    if stall_timeout_seconds() is not None:
+        missing.append("dropping a silent worker (HVD_DCASGD_STALL_TIMEOUT)")
+    if missing:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: {' and '.join(missing)} work with one server only for now; this "
+                                  f"job has {rt.servers} (HVD_DCASGD_SERVERS)", collective=True)
+    try:
+        check_shardable(optimizer, rt.servers)
+        return partition(layout.offsets, rt.servers, whole_tensors=not is_elementwise(optimizer))
+    except HvdDcasgdValueError as exc:  # the same on every rank
+        raise HvdDcasgdValueError(str(exc), collective=True) from None
 
 
 def _agree_on_method(rt: Runtime, method: str) -> None:

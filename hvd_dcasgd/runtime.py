@@ -1,10 +1,14 @@
 """Process roles and Horovod's basic calls: ``init``, ``rank``, ``size``, ...
 
-Launched with N+1 MPI ranks, rank 0 becomes the parameter server and ranks
-1..N the workers.  ``rank()`` and ``size()`` answer as Horovod would among
-the workers (worker index, number of workers), so existing data sharding works
+Launched with N+S MPI ranks (S servers, 1 unless ``HVD_DCASGD_SERVERS`` or
+``init(servers=...)`` says otherwise), world ranks 0..S-1 become the
+parameter servers, one slice of the parameters each, and ranks S..N+S-1 the
+workers.  ``rank()`` and ``size()`` answer as Horovod would among the workers
+(worker index, number of workers), so existing data sharding works
 unchanged; when Horovod is installed the workers also start it on their own
-communicator, so Horovod's answers are the same.  Launched as one process,
+communicator, so Horovod's answers are the same.  Each server s talks to the
+workers over its own communicator (server s at its rank 0, worker m at rank
+m+1), where the one-server protocol runs unchanged.  Launched as one process,
 the script trains locally.
 """
 
@@ -14,7 +18,7 @@ import atexit
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, Tuple
 
 if TYPE_CHECKING:
@@ -57,10 +61,13 @@ class Runtime:
 
     role: str
     mpi: Any = None
-    world: Any = None  # every rank, the server included
-    workers: Any = None  # the workers only (this rank alone on the server)
+    world: Any = None  # every rank, the servers included
+    workers: Any = None  # the workers only (on a server: the servers only)
     worker_rank: int = 0
     num_workers: int = 1
+    servers: int = 1  # server ranks: world ranks 0..servers-1
+    shard: int = 0  # on a server: its index, which slice of the parameters it holds
+    shard_comms: List[Any] = field(default_factory=list)  # per server s: s at rank 0, worker m at m+1 (None: not ours)
     local_rank: int = 0
     local_size: int = 1
     session: Optional[Session] = None  # the running worker, server or Horovod session, if any
@@ -91,7 +98,7 @@ def _warn_local(reason: str) -> None:
     )
 
 
-def init(comm: Any = None, process_sets: Optional[List[Any]] = None) -> None:
+def init(comm: Any = None, process_sets: Optional[List[Any]] = None, servers: Optional[int] = None) -> None:
     """Start the runtime: decide this process's role and build communicators.
 
     Arguments:
@@ -99,13 +106,16 @@ def init(comm: Any = None, process_sets: Optional[List[Any]] = None) -> None:
             Horovod (a list of world ranks is not supported: pass a communicator).
         process_sets: :class:`ProcessSet` s of workers to register, as
             Horovod's ``init(process_sets=...)``.
+        servers: how many ranks serve (default 1): world ranks
+            ``0..servers-1``, each holding one slice of the parameters.
+            ``HVD_DCASGD_SERVERS`` overrides it.
 
     Calling ``init`` twice is harmless.
     """
     global _runtime
     if _runtime is not None:
         return
-    _start(comm)
+    _start(comm, _servers(servers))
     if process_sets:
         from .process_sets import add_process_set
 
@@ -113,7 +123,30 @@ def init(comm: Any = None, process_sets: Optional[List[Any]] = None) -> None:
             add_process_set(process_set)
 
 
-def _start(comm: Any) -> None:
+def _servers(requested: Optional[int]) -> int:
+    from .config import setting
+
+    servers = setting("HVD_DCASGD_SERVERS") or requested or 1
+    if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+        raise HvdDcasgdError(f"hvd_dcasgd: init(servers={servers!r}) takes a whole number >= 1")
+    return servers
+
+
+def _shard_comms(world: Any, mpi: Any, servers: int) -> List[Any]:
+    """Server s's communicator with every worker, for each s (collective over
+    the world): s at rank 0, worker m at rank m+1; ``None`` for the servers
+    this rank does not talk to.  One server talks over the world itself."""
+    if servers == 1:
+        return [world]
+    me, comms = world.Get_rank(), []
+    for s in range(servers):
+        member = me == s or me >= servers
+        comm = world.Split(1 if member else mpi.UNDEFINED, 0 if me == s else me)
+        comms.append(comm if member else None)
+    return comms
+
+
+def _start(comm: Any, servers: int = 1) -> None:
     global _runtime
     if comm is not None and not hasattr(comm, "Dup"):
         raise HvdDcasgdError(f"hvd_dcasgd: init(comm=...) takes an mpi4py communicator, not {type(comm).__name__}")
@@ -131,7 +164,11 @@ def _start(comm: Any) -> None:
         _runtime = Runtime(role=LOCAL, mpi=mpi, world=world, workers=world, horovod=horovod, horovod_off=horovod_off)
         _warn_local("running as a single process with no parameter server")
         return
-    is_server = world.Get_rank() == 0
+    if servers >= world.Get_size():
+        raise HvdDcasgdError(f"hvd_dcasgd: {servers} server(s) (HVD_DCASGD_SERVERS) need at least "
+                             f"{servers + 1} ranks, one worker or more; this job has {world.Get_size()}",
+                             collective=True)
+    is_server = world.Get_rank() < servers
     workers = world.Split(0 if is_server else 1, world.Get_rank())
     node = workers.Split_type(mpi.COMM_TYPE_SHARED)
     _runtime = Runtime(
@@ -140,9 +177,12 @@ def _start(comm: Any) -> None:
         world=world,
         workers=workers,
         worker_rank=0 if is_server else workers.Get_rank(),
-        num_workers=world.Get_size() - 1,
-        local_rank=0 if is_server else node.Get_rank(),
-        local_size=1 if is_server else node.Get_size(),
+        num_workers=world.Get_size() - servers,
+        servers=servers,
+        shard=world.Get_rank() if is_server else 0,
+        shard_comms=_shard_comms(world, mpi, servers),
+        local_rank=node.Get_rank(),  # on a server: its index among the servers on its node
+        local_size=node.Get_size(),
     )
     # Horovod's cross communicator: the workers with this node-local rank, one per node
     _runtime.cross = workers.Split(_runtime.local_rank, _runtime.worker_rank)
@@ -157,8 +197,8 @@ def _start(comm: Any) -> None:
             except mpi.Exception:  # no one-sided support here: the optimizer explains why, join() says so
                 pass
     atexit.register(_at_exit)
-    sys.excepthook = exits.abort_on_uncaught(sys.excepthook, world)
-    threading.excepthook = exits.abort_on_thread_exception(world)
+    sys.excepthook = exits.abort_on_uncaught(sys.excepthook, world, servers)
+    threading.excepthook = exits.abort_on_thread_exception(world, servers)
     preemption.install(lambda: _runtime is not None and getattr(_runtime.session, "stops_on_signal", False))
 
 
@@ -212,7 +252,8 @@ def size() -> int:
 
 
 def local_rank() -> int:
-    """This worker's index among the workers on its node."""
+    """This worker's index among the workers on its node (on a server: its
+    index among the servers on its node)."""
     return runtime().local_rank
 
 
@@ -222,7 +263,7 @@ def local_size() -> int:
 
 
 def is_server() -> bool:
-    """True on the parameter-server rank."""
+    """True on a parameter-server rank."""
     return runtime().role == SERVER
 
 

@@ -87,6 +87,7 @@ class ParameterServer:
             p.data = weight
             p.grad = grad if p.requires_grad else None  # torch's optimizers skip frozen parameters
         self.messages = [PushMessage(layout, wire_dtype, mailboxes.inbox(m)) for m in range(num_workers)]
+        telemetry.note_sizes(self.messages[0].nbytes, mailboxes.outbox_bytes)
         self.outboxes = [mailboxes.outbox(m).view(layout.dtype) for m in range(num_workers)]
         if staged if staged is not None else device.type != "cpu":
             self.staging: Optional[Staging] = Staging(layout.numel, wire_dtype, layout.dtype, device)
@@ -159,8 +160,10 @@ class ParameterServer:
         if self.refuses(worker):
             return
         self.telemetry.record(self.updates, worker, self.updates - self.sent_at[worker])
+        start = time.perf_counter()
         self.update(self._wire_gradient(worker), self.backups[worker], worker, self.messages[worker].lrs.tolist(),
                     staleness=self.updates - self.sent_at[worker])
+        self.telemetry.apply_seconds += time.perf_counter() - start
         self.updates += 1
         self._send(worker)
 
@@ -179,8 +182,10 @@ class ParameterServer:
                 self.grad.add_(gradient)
         self.grad.div_(len(workers))
         first = workers[0]
+        start = time.perf_counter()
         self.update(self.grad, self.backups[first], first, self.messages[first].lrs.tolist(),
                     staleness=self.updates - self.sent_at[first])
+        self.telemetry.apply_seconds += time.perf_counter() - start
         self.updates += 1
         for m in workers:
             if m != first:

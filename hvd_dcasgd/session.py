@@ -1,5 +1,11 @@
 """Start and end of a training session, collective over every rank.
 
+Each server runs the session with the workers over its own communicator
+(``Runtime.shard_comms``: the server at rank 0, worker m at rank m+1), so
+with S servers a worker takes part in S sessions at once, one per slice of
+the parameters (:mod:`.shards`), and the one-server protocol runs unchanged
+in each.
+
 Start: every rank describes its model and settings; the server checks that
 they agree (a mismatch is an error on every rank, never a hang), opens the
 windows, resumes from the newest checkpoint if there is one, and broadcasts
@@ -27,12 +33,13 @@ from . import preemption
 from .checkpoints import Checkpoints
 from .compensation import Compensation
 from .config import setting
-from .endpoints import open_server, open_worker
+from .endpoints import open_server, open_worker_channel
 from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .exits import PREEMPTED, WORKER_DROPPED, abort, flush
 from .layout import ModelLayout, trained_parameters, untrained_state
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
+from .shards import Piece, merge_states, shard_layout, shard_optimizer, shard_state, shard_tensors
 from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .telemetry import Telemetry
 from .tensors import broadcast_, snapshot, to_cpu
@@ -75,19 +82,21 @@ def _disagreements(server: Dict[str, Any], workers: List[Dict[str, Any]]) -> Lis
     return problems
 
 
-def agree(rt: Runtime, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype,
+def agree(rt: Runtime, comm: Any, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype,
           check_finite: bool = False) -> List[Dict[str, Any]]:
-    """Raise the same clear error on every rank unless all ranks agree.
-    Returns (on the server) each worker's description: its ``name`` for
-    messages (index, MPI rank, host) and whether it checks its gradients."""
-    gathered = rt.world.gather(_describe(rt, layout, compensation, wire_dtype, check_finite), root=0)
+    """Raise the same clear error on every rank of ``comm`` (a server's
+    session) unless all its ranks agree.  Returns (on the server) each
+    worker's description: its ``name`` for messages (index, MPI rank, host)
+    and whether it checks its gradients."""
+    gathered = comm.gather(_describe(rt, layout, compensation, wire_dtype, check_finite), root=0)
     problems = _disagreements(gathered[0], gathered[1:]) if rt.role == SERVER else None
-    problems = rt.world.bcast(problems, root=0)
+    problems = comm.bcast(problems, root=0)
     if problems:
         raise HvdDcasgdError("\n".join(problems), collective=True)
     if rt.role != SERVER:
         return []
-    return [{**d, "name": f"worker {m} (MPI rank {m + 1}, host {d['host']})"} for m, d in enumerate(gathered[1:])]
+    return [{**d, "name": f"worker {m} (MPI rank {m + rt.servers}, host {d['host']})"}
+            for m, d in enumerate(gathered[1:])]
 
 
 def _extras(model: Optional[torch.nn.Module], optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
@@ -124,13 +133,14 @@ class ControlRequests:
     server's optimizer state, Horovod's checkpoint-restore idiom -- as
     point-to-point messages the server answers between polls."""
 
-    def __init__(self, rt: Runtime, server: Optional[ParameterServer] = None):
-        self.rt, self.server = rt, server
+    def __init__(self, rt: Runtime, comm: Any, server: Optional[ParameterServer] = None):
+        """Over ``comm``, a server's session (the server at rank 0)."""
+        self.rt, self.comm, self.server = rt, comm, server
 
     def ask(self, request: Dict[str, Any]) -> Any:
         """Worker side: send ``request``, wait for the answer, return its result."""
-        self.rt.world.send(request, dest=0, tag=CONTROL_TAG)
-        problem, result = self.rt.world.recv(source=0, tag=CONTROL_TAG)
+        self.comm.send(request, dest=0, tag=CONTROL_TAG)
+        problem, result = self.comm.recv(source=0, tag=CONTROL_TAG)
         if problem:
             raise HvdDcasgdError(problem)
         return result
@@ -151,14 +161,14 @@ class ControlRequests:
         """Server side: handle every pending request; a failure goes back to
         the worker that asked, as its error, and leaves the server as it was."""
         status = self.rt.mpi.Status()
-        while self.rt.world.Iprobe(source=self.rt.mpi.ANY_SOURCE, tag=CONTROL_TAG, status=status):
+        while self.comm.Iprobe(source=self.rt.mpi.ANY_SOURCE, tag=CONTROL_TAG, status=status):
             source = status.Get_source()
-            request = self.rt.world.recv(source=source, tag=CONTROL_TAG)
+            request = self.comm.recv(source=source, tag=CONTROL_TAG)
             try:
                 reply = (None, self._handle(request))
             except Exception as exc:  # reported to the worker, which raises it
                 reply = (f"hvd_dcasgd: the server could not {request.get('kind')}: {exc}", None)
-            self.rt.world.send(reply, dest=source, tag=CONTROL_TAG)
+            self.comm.send(reply, dest=source, tag=CONTROL_TAG)
 
 
 def final_exchange(comm: Any, extras: List[torch.Tensor], weights: torch.Tensor,
@@ -175,13 +185,14 @@ def final_exchange(comm: Any, extras: List[torch.Tensor], weights: torch.Tensor,
     return optimizer_state
 
 
-def survivors(rt: Runtime, dropped: List[int]) -> Tuple[Any, Any]:
-    """The communicator of the server and the workers not ``dropped``, and
-    the workers' part of it (``COMM_NULL`` on the server); collective over
-    those ranks only, so a dropped worker need not take part."""
+def survivors(rt: Runtime, session: Any, dropped: List[int]) -> Tuple[Any, Any]:
+    """The communicator of the server and the workers not ``dropped`` (of
+    ``session``, a server's session), and the workers' part of it
+    (``COMM_NULL`` on the server); collective over those ranks only, so a
+    dropped worker need not take part."""
     ranks = [0] + [m + 1 for m in range(rt.num_workers) if m not in dropped]
-    group = rt.world.Get_group().Incl(ranks)
-    comm = rt.world.Create_group(group, tag=CONTROL_TAG)
+    group = session.Get_group().Incl(ranks)
+    comm = session.Create_group(group, tag=CONTROL_TAG)
     group.Free()
     workers = comm.Split(rt.mpi.UNDEFINED if rt.role == SERVER else 1, comm.Get_rank())
     return comm, workers
@@ -201,14 +212,18 @@ def end_without_dropped(rt: Runtime, comm: Any, sentence: str) -> None:
 
 
 class ServerSession:
-    """The server's side of a session: serve, finish, report."""
+    """A server's side of a session: serve, finish, report."""
 
     server_holds_weights = True
     stops_on_signal = True
 
-    def __init__(self, rt: Runtime, server: ParameterServer, names: List[str],
-                 checkpoints: Optional[Checkpoints] = None):
-        self.rt, self.server, self.names, self.checkpoints = rt, server, names, checkpoints
+    def __init__(self, rt: Runtime, comm: Any, server: ParameterServer, names: List[str],
+                 checkpoints: Optional[Checkpoints] = None, model_params: Optional[List[torch.Tensor]] = None):
+        """``comm`` is this server's session with the workers; with several
+        servers, ``model_params`` are the model's trained parameters, which
+        take every server's final weights at the end."""
+        self.rt, self.comm, self.server, self.names, self.checkpoints = rt, comm, server, names, checkpoints
+        self.model_params = model_params
         self.last_checkpoint = None
 
     def restore_on_server(self, items: List[Tuple[str, torch.Tensor]]) -> None:
@@ -218,7 +233,7 @@ class ServerSession:
         """Nothing to do: the workers combine their buffers among themselves."""
 
     def serve(self) -> None:
-        self.server.serve(ControlRequests(self.rt, self.server).answer,
+        self.server.serve(ControlRequests(self.rt, self.comm, self.server).answer,
                           StallWatch(self.names, stall_warning_seconds()), self.checkpoints,
                           stop=lambda: preemption.requested() is not None)
 
@@ -236,18 +251,17 @@ class ServerSession:
     def finish(self) -> None:
         server, rt = self.server, self.rt
         dropped = [m for m, d in enumerate(server.channel.dropped) if d]
-        comm = survivors(rt, dropped)[0] if dropped else rt.world
+        comm = survivors(rt, self.comm, dropped)[0] if dropped else self.comm
         final_exchange(comm, list(server.extras.values()), server.weights, snapshot(server.optimizer.state_dict()),
                        # with a dropped worker the windows cannot be freed (that is collective with it)
                        self._free if not dropped else self._write_last_checkpoint)
-        print(server.telemetry.summary(), file=sys.stderr, flush=True)
-        summary = setting("HVD_DCASGD_SUMMARY")
-        if summary:
-            server.telemetry.write_summary(summary)
+        if self.model_params is not None:
+            self._take_every_slice()
+        self._report()
         if server.stopped_at is not None:
             saved = f"checkpoint {self.last_checkpoint}" if self.last_checkpoint else \
                 "nothing saved (no HVD_DCASGD_CHECKPOINT_DIR)"
-            print(f"hvd_dcasgd server: stopped at update {server.stopped_at}, asked by "
+            print(f"{server.telemetry.name}: stopped at update {server.stopped_at}, asked by "
                   f"{preemption.signal_name(preemption.requested())}: {saved}; exit status {PREEMPTED} (preempted): "
                   "run the same command again to resume.", file=sys.stderr)
             flush()
@@ -257,21 +271,56 @@ class ServerSession:
                                           f"{stall_timeout_seconds():g} s (HVD_DCASGD_STALL_TIMEOUT); the other "
                                           f"workers finished; ending the job with status {WORKER_DROPPED}.")
 
+    def _take_every_slice(self) -> None:
+        """With several servers: the whole model's final weights, from the
+        first worker (which put every server's slice together), into this
+        server's model."""
+        full = torch.empty(sum(p.numel() for p in self.model_params), dtype=self.server.weights.dtype)
+        broadcast_(self.rt.world, [full], root=self.rt.servers)
+        offset = 0
+        with torch.no_grad():
+            for p in self.model_params:
+                p.data = full[offset:offset + p.numel()].view(p.shape).to(p.device)
+                offset += p.numel()
+
+    def _report(self) -> None:
+        """Print this server's summary; write ``HVD_DCASGD_SUMMARY`` (with
+        several servers, the first writes every server's and the merged one)."""
+        telemetry = self.server.telemetry
+        print(telemetry.summary(), file=sys.stderr, flush=True)
+        path = setting("HVD_DCASGD_SUMMARY")
+        if self.rt.servers == 1:
+            if path:
+                telemetry.write_summary(path)
+            return
+        shards = self.rt.workers.gather(telemetry.summary_dict(), root=0)  # the servers
+        if self.rt.shard == 0:
+            merged = Telemetry.merge(shards)
+            print(Telemetry.describe(merged, f"hvd_dcasgd servers (all {self.rt.servers})"), file=sys.stderr,
+                  flush=True)
+            if path:
+                Telemetry.write(path, merged)
+
     @property
     def exit_status(self) -> int:
         return PREEMPTED if self.server.stopped_at is not None else 0
 
 
 class WorkerSession:
-    """A worker's side of a session: the exchange object, and how to finish."""
+    """A worker's side of a session: the exchange object, and how to finish.
+    With several servers, one session per server, finished together."""
 
     server_holds_weights = True  # broadcasts while training also reach the server
     stops_on_signal = True
 
-    def __init__(self, rt: Runtime, worker: Worker, extras: Dict[str, torch.Tensor], pushes_before: int = 0):
+    def __init__(self, rt: Runtime, worker: Worker, extras: Dict[str, torch.Tensor], comms: List[Any],
+                 layout: ModelLayout, pieces: List[List[Piece]], pushes_before: int = 0):
+        """``comms[s]`` is server s's session, whose slice of ``layout`` is
+        ``pieces[s]``."""
         self.rt, self.worker, self.extras = rt, worker, extras
+        self.comms, self.layout, self.pieces = comms, layout, pieces
         self.buffers: List[torch.Tensor] = list(extras.values())
-        self.requests = ControlRequests(rt)
+        self.requests = [ControlRequests(rt, comm) for comm in comms]
         self.finished = False
         self.pushes_before = pushes_before  # applied before this job started (a resumed job)
         self._asked_to_stop = False
@@ -279,7 +328,7 @@ class WorkerSession:
     @property
     def pushes(self) -> int:
         """This worker's pushes the server has taken, this job and the ones it resumes."""
-        return self.pushes_before + self.worker.channel.pushes
+        return self.pushes_before + self.worker.pushes
 
     def register_buffers(self, tensors: List[torch.Tensor]) -> None:
         """Also combine these (the non-trained entries of a state dict the
@@ -288,51 +337,64 @@ class WorkerSession:
         self.buffers += [t for t in tensors if t.data_ptr() not in known and t.numel()]
 
     def restore_on_server(self, items: List[Tuple[str, torch.Tensor]]) -> None:
-        """Send these state-dict entries to the server: trained parameters by
-        their index in the layout (so no names are needed), the rest of the
-        model's state by name."""
+        """Send these state-dict entries to the servers: trained parameters by
+        their index in the layout (so no names are needed; each server its
+        slice of them), the rest of the model's state by name."""
         index = {p.data_ptr(): i for i, p in enumerate(self.worker.params)}
         params = {index[t.data_ptr()]: t.detach().cpu() for _, t in items if t.data_ptr() in index}
         extras = {n: t.detach().cpu() for n, t in items if n in self.extras and t.data_ptr() not in index}
-        self.requests.ask({"kind": "set_state", "params": params, "extras": extras})
+        for requests, pieces in zip(self.requests, self.pieces):
+            requests.ask({"kind": "set_state", "params": shard_tensors(params, pieces), "extras": extras})
+
+    def load_optimizer_state(self, state: Dict[str, Any]) -> None:
+        """Load an optimizer state on the servers (each its slice of it)."""
+        state = to_cpu(state)
+        for requests, pieces in zip(self.requests, self.pieces):
+            requests.ask({"kind": "load_optimizer_state",
+                          "state": state if len(self.pieces) == 1 else shard_state(state, self.layout, pieces)})
 
     def snapshot(self) -> Dict[str, Any]:
-        """The server's optimizer state, with the model brought to the weights
-        of the same moment (this worker's backup from now on)."""
-        state = self.requests.ask({"kind": "snapshot", "worker": self.worker.channel.worker})
-        channel = self.worker.channel
-        channel.mailboxes.get_outbox(channel.worker, self.worker.weight_bytes)
-        self.worker.load_weights()
-        return state
+        """The servers' optimizer state, with the model brought to the weights
+        of the same moment (this worker's backup from now on), per server."""
+        states = [requests.ask({"kind": "snapshot", "worker": self.worker.index}) for requests in self.requests]
+        self.worker.read()
+        return states[0] if len(states) == 1 else merge_states(states, self.layout, self.pieces)
 
     def exchange(self) -> None:
         """One step's exchange; then stop the script if the job was asked to."""
         self.worker.exchange()
         signal = preemption.requested()
         if signal is not None and not self._asked_to_stop:
-            self.worker.channel.ask_to_stop()
+            for channel in self.worker.channels:
+                channel.ask_to_stop()
             self._asked_to_stop = True
-        if signal is not None or self.worker.channel.stopping:
+        if signal is not None or self.worker.stopping:
             raise preemption.Preempted(
-                f"hvd_dcasgd: worker {self.worker.channel.worker} stops after push {self.pushes - 1}: the job was "
+                f"hvd_dcasgd: worker {self.worker.index} stops after push {self.pushes - 1}: the job was "
                 f"asked to stop ({preemption.signal_name(signal)}); the server saves a checkpoint.")
 
     def finish(self) -> None:
         self.finished = True
-        channel = self.worker.channel
-        channel.leave()
-        channel.wait_closed()
-        dropped = channel.dropped_workers()
+        channels = self.worker.channels
+        for channel in channels:
+            channel.leave()
+        for channel in channels:
+            channel.wait_closed()
+        dropped = channels[0].dropped_workers()  # several servers never drop (refused up front)
         if dropped:
-            comm, workers = survivors(self.rt, dropped)
+            comm, workers = survivors(self.rt, self.comms[0], dropped)
             combine_buffers(self.rt.mpi, workers, self.buffers)
             final_exchange(comm, list(self.extras.values()), self.worker.weights, None, lambda: None)
             self.rt.ending = lambda: end_without_dropped(self.rt, comm, "")
             state = None
         else:
             combine_buffers(self.rt.mpi, self.rt.workers, self.buffers)
-            state = final_exchange(self.rt.world, list(self.extras.values()), self.worker.weights, None,
-                                   channel.free)
+            states = [final_exchange(comm, list(self.extras.values()), self.worker.weights[start:end], None,
+                                     channel.free)
+                      for comm, channel, (start, end) in zip(self.comms, channels, self.worker.slices)]
+            if len(states) > 1:
+                broadcast_(self.rt.world, [self.worker.weights], root=self.rt.servers)  # to every server
+            state = states[0] if len(states) == 1 else merge_states(states, self.layout, self.pieces)
         self.worker.load_weights()
         if state is not None:
             self.worker.optimizer.load_state_dict(state)
@@ -383,19 +445,37 @@ def _resume(server: ParameterServer, found: Optional[Tuple[Any, Dict[str, Any]]]
             "pushes": [a + r for a, r in zip(server.telemetry.pushes, server.telemetry.refused)]}
 
 
-def _on_server(rt: Runtime, attempt: Callable[[], Any]) -> Any:
-    """Run ``attempt`` on the server (its result there, ``None`` elsewhere);
-    a failure is raised on every rank alike, never a hang."""
+def _on_server(rt: Runtime, comm: Any, attempt: Callable[[], Any]) -> Any:
+    """Run ``attempt`` on the server of ``comm`` (its result there, ``None``
+    elsewhere); a failure is raised on every rank alike, never a hang."""
     result, problem = None, None
     if rt.role == SERVER:
         try:
             result = attempt()
         except HvdDcasgdError as exc:
             problem = str(exc)
-    problem = rt.world.bcast(problem, root=0)
+    problem = comm.bcast(problem, root=0)
     if problem:
         raise HvdDcasgdError(problem, collective=True)
     return result
+
+
+def _server_name(rt: Runtime, shard: int) -> Optional[str]:
+    """How messages name server ``shard`` (the default with one server)."""
+    return None if rt.servers == 1 else f"server {shard} (MPI rank {shard})"
+
+
+def _open_trace(rt: Runtime, path: Optional[str], slice_: Tuple[int, int],
+                resume_from: Optional[int]) -> Telemetry:
+    """The server's telemetry.  With several servers they all append to one
+    trace, which the first empties before any writes (a barrier among them)."""
+    if rt.servers == 1:
+        return Telemetry(rt.num_workers, path, resume_from=resume_from)
+    if path and rt.shard == 0:
+        open(path, "w").close()
+    rt.workers.Barrier()  # the servers
+    start, end = slice_
+    return Telemetry(rt.num_workers, path, shard=(rt.shard, start, end - start))
 
 
 def run_server(
@@ -408,19 +488,30 @@ def run_server(
     device: torch.device,
     trace_path: Optional[str],
     checkpoint_dir: Optional[str] = None,
+    slices: Optional[List[Tuple[int, int]]] = None,
 ) -> None:
     """Serve the workers until they all leave, finish, and exit: status 0,
-    or 75 when the job was asked to stop."""
-    workers = agree(rt, layout, compensation, wire_dtype)
+    or 75 when the job was asked to stop.  With several servers this one
+    serves ``slices[rt.shard]`` of the flat parameter vector."""
+    slices = slices or [(0, layout.numel)]
+    comm = rt.shard_comms[rt.shard]
+    workers = agree(rt, comm, layout, compensation, wire_dtype)
     extras = _extras(model, optimizer)
-    checkpoints, found = _on_server(rt, lambda: _open_checkpoints(checkpoint_dir))
-    telemetry = Telemetry(rt.num_workers, trace_path, resume_from=int(found[1]["updates"]) if found else None)
-    server = open_server(rt.world, optimizer, layout, compensation, num_workers=rt.num_workers,
+    params = trained_parameters(optimizer)
+    served_layout, served_optimizer = layout, optimizer
+    if rt.servers > 1:  # every server starts from the first one's model
+        broadcast_(rt.workers, [*params, *extras.values()], root=0)
+        served_layout, pieces = shard_layout(layout, *slices[rt.shard])
+        served_optimizer = shard_optimizer(optimizer, layout, pieces)
+    checkpoints, found = _on_server(rt, comm, lambda: _open_checkpoints(checkpoint_dir))
+    telemetry = _open_trace(rt, trace_path, slices[rt.shard], int(found[1]["updates"]) if found else None)
+    server = open_server(comm, served_optimizer, served_layout, compensation, num_workers=rt.num_workers,
                          wire_dtype=wire_dtype, device=device, telemetry=telemetry,
                          extras=extras, checked_by_workers=[w["check_finite"] for w in workers])
-    rt.world.bcast(_on_server(rt, lambda: _resume(server, found)), root=0)
-    broadcast_(rt.world, [server.weights, *extras.values()], root=0)
-    session = ServerSession(rt, server, [w["name"] for w in workers], checkpoints)
+    comm.bcast(_on_server(rt, comm, lambda: _resume(server, found)), root=0)
+    broadcast_(comm, [server.weights, *extras.values()], root=0)
+    session = ServerSession(rt, comm, server, [w["name"] for w in workers], checkpoints,
+                            params if rt.servers > 1 else None)
     rt.session = session
     session.serve()
     rt.session = None
@@ -441,23 +532,33 @@ def start_worker(
     wire_dtype: torch.dtype,
     model: Optional[torch.nn.Module],
     check_finite: bool,
+    slices: Optional[List[Tuple[int, int]]] = None,
 ) -> WorkerSession:
-    """Join the session and load the server's weights and buffers; in a
-    resumed job, this worker's own backup (the weights it last received)."""
-    agree(rt, layout, compensation, wire_dtype, check_finite)
+    """Join every server's session and load the servers' weights and
+    buffers; in a resumed job, this worker's own backup (the weights it last
+    received).  Each step of the start runs with every server in turn."""
+    slices = slices or [(0, layout.numel)]
+    comms = rt.shard_comms
+    for comm in comms:
+        agree(rt, comm, layout, compensation, wire_dtype, check_finite)
     extras = _extras(model, optimizer)
-    _on_server(rt, lambda: None)  # the server opens its checkpoint folder
-    worker = open_worker(rt.world, optimizer, layout, worker=rt.worker_rank, num_workers=rt.num_workers,
-                         wire_dtype=wire_dtype, check_finite=check_finite)
-    _on_server(rt, lambda: None)  # the server resumes
-    resume = rt.world.bcast(None, root=0)
-    broadcast_(rt.world, [worker.weights, *extras.values()], root=0)
+    for comm in comms:
+        _on_server(rt, comm, lambda: None)  # the server opens its checkpoint folder
+    served = [shard_layout(layout, start, end) for start, end in slices]
+    channels = [open_worker_channel(comm, served_layout, wire_dtype, worker=rt.worker_rank,
+                                    num_workers=rt.num_workers, server=_server_name(rt, s))
+                for s, (comm, (served_layout, _)) in enumerate(zip(comms, served))]
+    worker = Worker(optimizer, layout, channels, wire_dtype, check_finite, slices)
+    for comm in comms:
+        _on_server(rt, comm, lambda: None)  # the server resumes
+    resume = [comm.bcast(None, root=0) for comm in comms][0]
+    for comm, (start, end) in zip(comms, slices):
+        broadcast_(comm, [worker.weights[start:end], *extras.values()], root=0)
     pushes_before = 0
     if resume["from"] is not None:
-        channel = worker.channel
-        channel.mailboxes.get_outbox(channel.worker, worker.weight_bytes)
+        worker.read()
         pushes_before = resume["pushes"][rt.worker_rank]
     worker.load_weights()
-    session = WorkerSession(rt, worker, extras, pushes_before)
+    session = WorkerSession(rt, worker, extras, comms, layout, [pieces for _, pieces in served], pushes_before)
     rt.session = session
     return session

@@ -14,17 +14,27 @@ parameter at once (L-BFGS) cannot be sharded.
 
 Every slice has one dtype (the layout has one), so bytes are proportional to
 elements; the cuts are in elements.
+
+A server sees its slice as a model of its own (:func:`shard_layout`): one
+*piece* per parameter it holds some of, the whole parameter or, where a cut
+falls inside it, a flat run of its elements.  :func:`shard_optimizer` builds
+the same optimizer over the pieces; :func:`shard_state` and
+:func:`merge_states` move an optimizer's state between the model's
+parameters and the pieces.
 """
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
 from .errors import HvdDcasgdValueError
+from .layout import ModelLayout, TensorSpec, trained_parameters
 
-__all__ = ["ELEMENTWISE", "TOLERANCE", "check_shardable", "is_elementwise", "partition"]
+__all__ = ["ELEMENTWISE", "TOLERANCE", "Piece", "check_shardable", "is_elementwise", "merge_states", "partition",
+           "shard_layout", "shard_optimizer", "shard_state", "shard_tensors"]
 
 #: A cut may move to the nearest parameter boundary when every slice then
 #: stays within this fraction of an even share.
@@ -114,3 +124,126 @@ def _nearest_boundaries(offsets: Sequence[int], servers: int) -> List[int]:
         index = min(choices, key=lambda i: (abs(offsets[i] - target), i))
         cuts.append(offsets[index])
     return [*cuts, numel]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of parameter ``index`` (in the model's layout, of param group
+    ``group``) a slice holds: its flat elements ``start:end``, ``whole`` when
+    that is all of them."""
+
+    index: int
+    group: int
+    start: int
+    end: int
+    whole: bool
+
+
+def pieces(layout: ModelLayout, start: int, end: int) -> List[Piece]:
+    """The pieces of the flat slice ``start:end`` of ``layout``, in order."""
+    groups = [g for g, size in enumerate(layout.group_sizes) for _ in range(size)]
+    found = []
+    for i, (a, b) in enumerate(zip(layout.offsets, layout.offsets[1:])):
+        lo, hi = max(a, start), min(b, end)
+        if lo < hi or (a == b and (start <= a < end or a == end == layout.numel)):  # an empty one: where it starts
+            found.append(Piece(i, groups[i], lo - a, hi - a, lo == a and hi == b))
+    return found
+
+
+def shard_layout(layout: ModelLayout, start: int, end: int) -> Tuple[ModelLayout, List[Piece]]:
+    """The layout a server holding ``start:end`` serves (a whole parameter
+    keeps its name and shape; a part of one is ``name[a:b]``, flat), with
+    every param group (some perhaps empty, so that the learning rates in a
+    push line up), the model's buffers, and the pieces."""
+    found = pieces(layout, start, end)
+    specs = []
+    for piece in found:
+        spec = layout.params[piece.index]
+        specs.append(spec if piece.whole else
+                     TensorSpec(f"{spec.name}[{piece.start}:{piece.end}]", (piece.end - piece.start,), spec.dtype))
+    sizes = [sum(1 for piece in found if piece.group == g) for g in range(len(layout.group_sizes))]
+    return ModelLayout(specs, sizes, list(layout.buffers)), found
+
+
+def shard_tensors(tensors: Dict[int, torch.Tensor], found: Sequence[Piece]) -> Dict[int, torch.Tensor]:
+    """Tensors of the model's parameters (by index in its layout) as the
+    pieces of one slice (by index among the pieces)."""
+    return {j: (tensors[p.index] if p.whole else tensors[p.index].reshape(-1)[p.start:p.end])
+            for j, p in enumerate(found) if p.index in tensors}
+
+
+def _cut(value: Any, piece: Piece, shape: Tuple[int, ...]) -> Any:
+    """A piece's part of one optimizer state entry, a copy: the elements of
+    a tensor shaped like the parameter; anything else (a step count) whole."""
+    if not torch.is_tensor(value):
+        return value
+    if piece.whole or tuple(value.shape) != tuple(shape):
+        return value.clone()
+    return value.reshape(-1)[piece.start:piece.end].clone()
+
+
+def shard_state(state: Dict[str, Any], layout: ModelLayout, found: Sequence[Piece]) -> Dict[str, Any]:
+    """An optimizer ``state_dict()`` of the whole model as the state of the
+    optimizer over one slice's pieces (:func:`shard_optimizer`)."""
+    entries = state.get("state", {})
+    cut = {}
+    for j, piece in enumerate(found):
+        entry = entries.get(piece.index)
+        if entry is not None:
+            cut[j] = {k: _cut(v, piece, layout.params[piece.index].shape) for k, v in entry.items()}
+    groups, j = [], 0
+    for g, group in enumerate(state["param_groups"]):
+        n = sum(1 for piece in found if piece.group == g)
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(j, j + n))})
+        j += n
+    return {"state": cut, "param_groups": groups}
+
+
+def merge_states(states: Sequence[Dict[str, Any]], layout: ModelLayout,
+                 found: Sequence[Sequence[Piece]]) -> Dict[str, Any]:
+    """The optimizer ``state_dict()`` of the whole model from each slice's
+    (``states[s]`` over the pieces ``found[s]``): a parameter's tensors put
+    together from its pieces, its other entries (a step count) from its
+    first piece.  A parameter some slice has not stepped yet has no state."""
+    parts: Dict[int, List[Tuple[Piece, Any]]] = {}
+    for state, slice_pieces in zip(states, found):
+        for j, piece in enumerate(slice_pieces):
+            parts.setdefault(piece.index, []).append((piece, state["state"].get(j)))
+    merged = {}
+    for i, entries in sorted(parts.items()):
+        if any(entry is None for _, entry in entries):
+            continue
+        if len(entries) == 1:
+            merged[i] = entries[0][1]
+            continue
+        shape = layout.params[i].shape
+        first = entries[0][1]
+        merged[i] = {k: (torch.cat([e[k].reshape(-1) for _, e in entries]).view(shape)
+                         if torch.is_tensor(v) and v.dim() == 1 and v.numel() == entries[0][0].end - entries[0][0].start
+                         else v) for k, v in first.items()}
+    groups, i = [], 0
+    for group, size in zip(states[0]["param_groups"], layout.group_sizes):
+        groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(i, i + size))})
+        i += size
+    return {"state": merged, "param_groups": groups}
+
+
+def shard_optimizer(optimizer: torch.optim.Optimizer, layout: ModelLayout,
+                    found: Sequence[Piece]) -> torch.optim.Optimizer:
+    """``optimizer``'s class, hyperparameters and state over one slice's
+    pieces: a whole parameter is the model's own tensor, a part of one a new
+    flat tensor holding its elements."""
+    params = trained_parameters(optimizer)
+    tensors = [params[p.index] if p.whole else
+               params[p.index].detach().reshape(-1)[p.start:p.end].clone().requires_grad_(params[p.index].requires_grad)
+               for p in found]
+    groups = [{**{k: v for k, v in group.items() if k != "params"},
+               "params": [t for t, p in zip(tensors, found) if p.group == g]}
+              for g, group in enumerate(optimizer.param_groups)]
+    try:
+        sharded = type(optimizer)(groups, **optimizer.defaults)
+    except (TypeError, ValueError) as exc:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: {type(optimizer).__name__} cannot be built again over one server's "
+                                  f"slice of the parameters ({exc}); use one server") from None
+    sharded.load_state_dict(shard_state(optimizer.state_dict(), layout, found))
+    return sharded

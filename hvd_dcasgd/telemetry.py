@@ -11,30 +11,46 @@ import json
 import os
 import time
 from collections import Counter
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 from .files import atomic_write
 
 
 class Telemetry:
     """Counts every applied gradient and, with ``trace_path``, writes one JSON
-    line per gradient: ``{"update": i, "worker": m, "step": k, "staleness": s}``."""
+    line per gradient: ``{"update": i, "worker": m, "step": k, "staleness": s}``.
 
-    def __init__(self, num_workers: int, trace_path: Optional[str] = None, resume_from: Optional[int] = None):
+    With several servers each server's lines carry ``"shard": s``, after one
+    first line ``{"shard": s, "offset": o, "numel": n}`` (its slice of the
+    flat parameter vector, in elements), and all servers append to the same
+    trace, a whole line at a time."""
+
+    def __init__(self, num_workers: int, trace_path: Optional[str] = None, resume_from: Optional[int] = None,
+                 shard: Optional[Tuple[int, int, int]] = None):
         """With ``resume_from`` (a job resumed at that update) the trace goes
         on where it was, without the lines of updates from that one on (the
-        ones a killed job applied after its last checkpoint)."""
+        ones a killed job applied after its last checkpoint).  ``shard`` is
+        (index, offset, numel) of a server among several."""
         self.num_workers = num_workers
+        self.shard = shard
+        self.name = "hvd_dcasgd server" if shard is None else f"hvd_dcasgd server {shard[0]}"
+        self._tag = {} if shard is None else {"shard": shard[0]}
         self.pushes: List[int] = [0] * num_workers
         self.refused: List[int] = [0] * num_workers  # pushes the server would not apply
         self.staleness = Counter()
         self.updates = 0
         self.first: Optional[float] = None  # when the first gradient was applied
         self.last = 0.0
+        self.apply_seconds = 0.0  # spent in the updates themselves (compensate, step)
+        self.bytes_in_per_push, self.bytes_out_per_answer = 0, 0
         if trace_path and resume_from is not None and os.path.exists(trace_path):
             _cut_trace(trace_path, resume_from)
-        mode = "a" if resume_from is not None else "w"
-        self._trace: Optional[IO[str]] = open(trace_path, mode) if trace_path else None
+        mode = "a" if resume_from is not None or shard is not None else "w"
+        # several servers append to one file: a line at a time (one write each, O_APPEND)
+        buffering = 1 if shard is not None else -1
+        self._trace: Optional[IO[str]] = open(trace_path, mode, buffering=buffering) if trace_path else None
+        if self._trace is not None and shard is not None:
+            self._trace.write(json.dumps({"shard": shard[0], "offset": shard[1], "numel": shard[2]}) + "\n")
 
     def record(self, update: int, worker: int, staleness: int) -> None:
         """Note that ``worker``'s next push went into server update ``update``."""
@@ -46,13 +62,18 @@ class Telemetry:
         self.staleness[staleness] += 1
         self.updates = max(self.updates, update + 1)
         if self._trace is not None:
-            self._trace.write(json.dumps({"update": update, "worker": worker, "step": step, "staleness": staleness}) + "\n")
+            self._trace.write(json.dumps({"update": update, "worker": worker, "step": step, "staleness": staleness,
+                                          **self._tag}) + "\n")
+
+    def note_sizes(self, bytes_in: int, bytes_out: int) -> None:
+        """The bytes of one push (learning rates and gradient) and of one answer (weights)."""
+        self.bytes_in_per_push, self.bytes_out_per_answer = bytes_in, bytes_out
 
     def note_sent(self, worker: int, update: int) -> None:
         """Note that ``worker`` was sent the weights of ``update`` outside a push
         (a consistent snapshot of its checkpoint): ``{"worker": m, "sent": i}``."""
         if self._trace is not None:
-            self._trace.write(json.dumps({"worker": worker, "sent": update}) + "\n")
+            self._trace.write(json.dumps({"worker": worker, "sent": update, **self._tag}) + "\n")
 
     def flush(self) -> None:
         """Put every trace line so far on disk (a checkpoint is about to name them)."""
@@ -80,26 +101,67 @@ class Telemetry:
             "pushes": list(self.pushes),
             "refused": list(self.refused),
             "pushes_per_s": [n / elapsed for n in self.pushes],
+            "apply_seconds_per_update": self.apply_seconds / self.updates if self.updates else 0.0,
+            "bytes_in_per_push": self.bytes_in_per_push,
+            "bytes_out_per_answer": self.bytes_out_per_answer,
         }
 
     def summary(self) -> str:
         """A few lines for the end of a run."""
-        d = self.summary_dict()
+        return self.describe(self.summary_dict(), self.name)
+
+    @staticmethod
+    def describe(d: Dict[str, Any], name: str) -> str:
+        """A summary dict as a few lines, each starting with ``name``."""
         histogram = " ".join(f"{s}:{n}" for s, n in d["staleness_histogram"].items())
         rates = " ".join(f"w{m}={r:.1f}/s" for m, r in enumerate(d["pushes_per_s"]))
         return (
-            f"hvd_dcasgd server: {d['updates']} updates in {d['seconds']:.1f} s ({d['updates_per_s']:.1f} updates/s), "
+            f"{name}: {d['updates']} updates in {d['seconds']:.1f} s ({d['updates_per_s']:.1f} updates/s), "
             f"{d['gradients']} gradients ({d['gradients_per_s']:.1f} gradients/s)\n"
-            f"hvd_dcasgd server: staleness mean {d['staleness_mean']:.2f} max {d['staleness_max']}; "
+            f"{name}: staleness mean {d['staleness_mean']:.2f} max {d['staleness_max']}; "
             f"histogram {histogram or '-'}\n"
-            f"hvd_dcasgd server: pushes per worker {d['pushes']}; throughput {rates}"
-            + (f"\nhvd_dcasgd server: refused pushes per worker {d['refused']}" if any(d["refused"]) else "")
+            f"{name}: pushes per worker {d['pushes']}; throughput {rates}"
+            + (f"\n{name}: refused pushes per worker {d['refused']}" if any(d["refused"]) else "")
         )
+
+    @staticmethod
+    def merge(shards: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+        """Several servers' summary dicts as one, with each under ``shards``:
+        every server takes every push, so a push counts once (the fewest any
+        server applied), updates and their rate are per server (the mean),
+        staleness counts every server's gradients."""
+        histogram: Counter = Counter()
+        for d in shards:
+            histogram.update({int(s): n for s, n in d["staleness_histogram"].items()})
+        total = sum(histogram.values())
+        seconds = max(d["seconds"] for d in shards)
+        pushes = [min(p) for p in zip(*(d["pushes"] for d in shards))]
+        return {
+            "updates": round(sum(d["updates"] for d in shards) / len(shards)),
+            "gradients": min(d["gradients"] for d in shards),
+            "seconds": seconds,
+            "updates_per_s": sum(d["updates_per_s"] for d in shards) / len(shards),
+            "gradients_per_s": min(d["gradients_per_s"] for d in shards),
+            "staleness_mean": sum(s * n for s, n in histogram.items()) / total if total else 0.0,
+            "staleness_max": max(histogram) if histogram else 0,
+            "staleness_histogram": {str(s): n for s, n in sorted(histogram.items())},
+            "pushes": pushes,
+            "refused": [max(r) for r in zip(*(d["refused"] for d in shards))],
+            "pushes_per_s": [n / seconds for n in pushes],
+            "apply_seconds_per_update": max(d["apply_seconds_per_update"] for d in shards),
+            "bytes_in_per_push": max(d["bytes_in_per_push"] for d in shards),
+            "bytes_out_per_answer": max(d["bytes_out_per_answer"] for d in shards),
+            "shards": list(shards),
+        }
+
+    @staticmethod
+    def write(path: str, summary: Dict[str, Any]) -> None:
+        """Write a summary dict to ``path`` as JSON, atomically."""
+        atomic_write(path, lambda out: json.dump(summary, out, indent=1))
 
     def write_summary(self, path: str) -> None:
         """Write :meth:`summary_dict` to ``path`` as JSON, atomically."""
-        summary = self.summary_dict()
-        atomic_write(path, lambda out: json.dump(summary, out, indent=1))
+        self.write(path, self.summary_dict())
 
 
 def _cut_trace(path: str, update: int) -> None:

@@ -163,21 +163,29 @@ class Mailboxes:
         """Write ``message`` (bytes) into ``worker``'s inbox; complete on return."""
         self.put_inbox_pieces(worker, [(0, message)])
 
-    def put_inbox_pieces(self, worker: int, pieces: Sequence[Tuple[int, np.ndarray]]) -> None:
+    def put_inbox_pieces(self, worker: int, pieces: Sequence[Tuple[int, np.ndarray]], flush: bool = True) -> None:
         """Write each ``(offset, bytes)`` of ``pieces`` at that offset of
         ``worker``'s inbox: every ``Put`` issued, then one flush completes
-        them all; complete on return."""
+        them all; complete on return (with ``flush=False``, only once
+        :meth:`flush` has run)."""
         base = self._inbox_disp(worker)
         for offset, data in pieces:
             for start, end in _pieces(data.nbytes):
                 self.win.Put(data[start:end], self.owner, (base + offset + start, end - start, self._mpi.BYTE))
-        self.win.Flush(self.owner)
+        if flush:
+            self.flush()
 
-    def get_outbox(self, worker: int, out: np.ndarray) -> None:
-        """Read ``worker``'s outbox into ``out`` (bytes); complete on return."""
+    def get_outbox(self, worker: int, out: np.ndarray, flush: bool = True) -> None:
+        """Read ``worker``'s outbox into ``out`` (bytes); complete on return
+        (with ``flush=False``, only once :meth:`flush` has run)."""
         base = self._outbox_disp(worker)
         for start, end in _pieces(out.nbytes):
             self.win.Get(out[start:end], self.owner, (base + start, end - start, self._mpi.BYTE))
+        if flush:
+            self.flush()
+
+    def flush(self) -> None:
+        """Complete every ``Put`` and ``Get`` this rank issued on the window."""
         self.win.Flush(self.owner)
 
     def inbox(self, worker: int) -> torch.Tensor:

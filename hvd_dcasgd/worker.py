@@ -1,5 +1,12 @@
 """A worker's exchange with the server: push the gradient, pull the weights.
 
+With S servers (:mod:`.shards`) the worker talks to each over its own
+channel: server s's inbox holds the learning rates and s's slice of the
+gradient, its outbox s's slice of the weights.  A push issues every
+server's Puts before any flush completes them, then announces itself to
+each; a pull waits for every server's answer, then issues every Get before
+completing them.
+
 A push message is learning rates, then the gradient in the wire dtype, laid
 out in one contiguous inbox.  Small gradients are packed into the worker's
 copy of the message, checked for NaN and Inf as they are copied; a large one
@@ -13,7 +20,7 @@ so the next forward pass runs on the server's weights with no copy; others
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -36,13 +43,19 @@ class Worker:
         self,
         optimizer: torch.optim.Optimizer,
         layout: ModelLayout,
-        channel: WorkerChannel,
+        channels: Sequence[WorkerChannel],
         wire_dtype: torch.dtype,
         check_finite: bool = True,
+        slices: Optional[Sequence[Tuple[int, int]]] = None,
     ):
+        """``channels[s]`` leads to the server of ``slices[s]`` (elements of
+        the flat vector; default: one server holding all of it)."""
         self.optimizer = optimizer
         self.layout = layout
-        self.channel = channel
+        self.channels = list(channels)
+        self.slices = list(slices) if slices is not None else [(0, layout.numel)]
+        if len(self.slices) != len(self.channels):
+            raise HvdDcasgdError(f"hvd_dcasgd: {len(self.channels)} channels for {len(self.slices)} slices")
         self.check_finite = check_finite
         self.params: List[torch.Tensor] = trained_parameters(optimizer)
         self.message = PushMessage(layout, wire_dtype)
@@ -60,7 +73,41 @@ class Worker:
         self._spans = [(self.message.header_bytes + size * a, self.message.header_bytes + size * b)
                        for a, b in zip(layout.offsets, layout.offsets[1:])]  # each gradient's bytes in the message
         self.weight_bytes = byte_view(self.weights)
+        header, weight_size = self.message.header_bytes, self.weights.element_size()
+        self._shard_spans = [(header + size * a, header + size * b) for a, b in self.slices]  # in the message
+        self.weight_slices = [self.weight_bytes[weight_size * a:weight_size * b] for a, b in self.slices]
 
+    @property
+    def index(self) -> int:
+        """This worker's index among the workers."""
+        return self.channels[0].worker
+
+    @property
+    def pushes(self) -> int:
+        """Pushes made (every server gets each one)."""
+        return self.channels[0].pushes
+
+    @property
+    def stopping(self) -> bool:
+        """A server's last answer said: stop after this step."""
+        return any(channel.stopping for channel in self.channels)
+
+    def per_server(self, pieces: List[Tuple[int, np.ndarray]]) -> List[List[Tuple[int, np.ndarray]]]:
+        """The message's ``(offset, bytes)`` pieces as each server's inbox
+        holds them: the learning rates, then its slice of the gradient."""
+        header = self.message.header_bytes
+        shards = []
+        for start, end in self._shard_spans:
+            own = []
+            for offset, data in pieces:
+                stop = offset + len(data)
+                if offset < header:
+                    own.append((offset, data[: min(stop, header) - offset]))
+                lo, hi = max(offset, start), min(stop, end)
+                if lo < hi:
+                    own.append((header + lo - start, data[lo - offset:hi - offset]))
+            shards.append(own)
+        return shards
     def pack(self) -> List[Tuple[int, np.ndarray]]:
         """The message as ``(offset, bytes)`` pieces: learning rates and small
         gradients (zeros where a parameter has none) copied into the
@@ -87,8 +134,8 @@ class Worker:
             pieces.append((run, self._message_bytes[run:]))
         if not finite:
             flatten_into(self.message.gradient, self.gradient_views, [p.grad for p in self.params])
-            raise HvdDcasgdError(f"hvd_dcasgd: worker {self.channel.worker}: {self._what_is_not_finite()} at push "
-                                 f"{self.channel.pushes}; nothing was pushed and the server's weights are unchanged "
+            raise HvdDcasgdError(f"hvd_dcasgd: worker {self.index}: {self._what_is_not_finite()} at push "
+                                 f"{self.pushes}; nothing was pushed and the server's weights are unchanged "
                                  "(lower the learning rate, clip gradients, or catch this error to skip the batch).")
         return pieces
 
@@ -122,11 +169,30 @@ class Worker:
                     p.copy_(view)
 
     def exchange(self) -> None:
-        """Push this step's gradient and load the weights the server answers with."""
-        self.channel.push(self.pack())
-        self.channel.pull(self.weight_bytes)
+        """Push this step's gradient and load the weights the servers answer with."""
+        for channel, pieces in zip(self.channels, self.per_server(self.pack())):
+            channel.send(pieces)
+        for channel in self.channels:
+            channel.announce()
+        self.pull()
+
+    def pull(self) -> None:
+        """Wait for every server's answer to the last push, read them all, and
+        load them into the model."""
+        for channel in self.channels:
+            channel.await_answer()
+        self.read()
+
+    def read(self) -> None:
+        """Read every server's outbox (every Get issued before any completes)
+        and load the weights into the model."""
+        for channel, out in zip(self.channels, self.weight_slices):
+            channel.read(out, flush=False)
+        for channel in self.channels:
+            channel.mailboxes.flush()
         self.load_weights()
 
     def free(self) -> None:
-        """Free the channel's windows (collective, with the server's ``free()``)."""
-        self.channel.free()
+        """Free the channels' windows (collective, with the servers' ``free()``)."""
+        for channel in self.channels:
+            channel.free()

@@ -15,21 +15,34 @@ if [ $# -gt 0 ]; then
 else
     COMMAND=("$PYTHON" "$SCRIPT" "${SCRIPT_ARGS[@]}")
 fi
-[ "${SLURM_NTASKS:-0}" -ge 2 ] || die "needs at least 2 tasks (a server and a worker), got ${SLURM_NTASKS:-none}."
+# Parameter servers: ranks 0..SERVERS-1, each holding a slice of the parameters.
+SERVERS="${HVD_DCASGD_SERVERS:-1}"
+[[ "$SERVERS" =~ ^[1-9][0-9]*$ ]] || die "HVD_DCASGD_SERVERS must be a whole number >= 1, not '$SERVERS'."
+export HVD_DCASGD_SERVERS="$SERVERS"
+[ "${SLURM_NTASKS:-0}" -gt "$SERVERS" ] || die "needs more tasks than servers ($SERVERS), so that there is a worker; got ${SLURM_NTASKS:-none}."
+# Several servers on several nodes: the ranks go round-robin over the nodes
+# (the servers one per node first); otherwise in blocks.
+PLACEMENT=()
+if [ "$SERVERS" -gt 1 ] && [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then
+    case "$LAUNCHER" in srun) PLACEMENT=(--distribution=cyclic) ;; mpirun) PLACEMENT=(--map-by node) ;; esac
+fi
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
 # The server's checkpoints: one folder per job, which a requeued job (same
-# job id) finds again and resumes from.
-export HVD_DCASGD_CHECKPOINT_DIR="${HVD_DCASGD_CHECKPOINT_DIR:-$REPO/checkpoints/${SLURM_JOB_ID:-job}}"
+# job id) finds again and resumes from.  (Several servers do not checkpoint
+# yet: docs/USAGE.md#several-servers.)
+if [ "$SERVERS" -eq 1 ]; then
+    export HVD_DCASGD_CHECKPOINT_DIR="${HVD_DCASGD_CHECKPOINT_DIR:-$REPO/checkpoints/${SLURM_JOB_ID:-job}}"
+fi
 # Since SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task.
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 
-echo "hvd_dcasgd: 1 server + $((SLURM_NTASKS - 1)) workers on ${SLURM_JOB_NUM_NODES:-?} node(s) ${SLURM_JOB_NODELIST:-?}, $LAUNCHER: ${COMMAND[*]}"
+echo "hvd_dcasgd: $SERVERS server(s) + $((SLURM_NTASKS - SERVERS)) workers on ${SLURM_JOB_NUM_NODES:-?} node(s) ${SLURM_JOB_NODELIST:-?}, $LAUNCHER: ${COMMAND[*]}"
 case "$LAUNCHER" in
     srun)
         # With sbatch --gpus-per-task, srun inherits it and binds each rank to
         # its own GPUs (SLURM's implicit --gpu-bind=per_task).
-        LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1 "${COMMAND[@]}")
+        LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1 "${PLACEMENT[@]}" "${COMMAND[@]}")
         ;;
     mpirun)
         if [ -n "${SLURM_GPUS_PER_TASK:-}" ]; then
@@ -49,7 +62,7 @@ case "$LAUNCHER" in
         # signals the ranks and as long again before it kills them; the ranks,
         # signalled by SLURM themselves, need the time to save a checkpoint.
         export OMPI_MCA_odls_base_sigkill_timeout="${OMPI_MCA_odls_base_sigkill_timeout:-20}"
-        LAUNCH=(mpirun "${root[@]}" -np "$SLURM_NTASKS" "${COMMAND[@]}")
+        LAUNCH=(mpirun "${root[@]}" -np "$SLURM_NTASKS" "${PLACEMENT[@]}" "${COMMAND[@]}")
         ;;
     *)
         die "HVD_DCASGD_LAUNCHER must be srun or mpirun, not '$LAUNCHER'."

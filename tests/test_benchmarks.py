@@ -104,3 +104,17 @@ def test_markdown_needs_every_path_so_not_under_mpirun(tmp_path, monkeypatch):
     result = python(BENCH / "bench_transport.py", "--markdown", tmp_path / "page.md", timeout=60)
     assert result.returncode != 0 and "without mpirun" in result.stdout, result.stdout
     assert not (tmp_path / "page.md").exists()
+
+
+def test_servers_benchmark_compares_one_server_with_two_and_writes_its_section(page):
+    argv = ["--workers", 2, "--numel", 4096, "--steps", 5, "--markdown", page[0]]
+    result = python(BENCH / "bench_servers.py", *argv, timeout=600)
+    assert result.returncode == 0, result.stdout
+    rows = _table(_section(page, "bench_servers.py", argv))
+    assert [(row[0].split()[0], row[1]) for row in rows] == [("`none`", "1"), ("`none`", "2"), ("`adaptive`", "1"),
+                                                             ("`adaptive`", "2")], rows
+    one, two = float(rows[0][4]), float(rows[1][4])
+    # what a server moves per update: the learning rates and its slice of the gradient in, its slice of the
+    # weights out (4096 float32 split in two, the header 64 bytes on each)
+    assert (one, two) == (round((64 + 2 * 4096 * 4) / 1e6, 3), round((64 + 2 * 2048 * 4) / 1e6, 3)), rows
+    assert all(row[3] == "1.00" and row[5] == "1.00" and row[7] == "1.00" for row in rows[::2]), rows

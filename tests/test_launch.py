@@ -49,6 +49,15 @@ def test_trains_the_digits_example_with_two_workers():
     assert re.search(r"final test accuracy \d\.\d+ \(compensation adaptive, 2 workers", result.stdout), result.stdout
 
 
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_trains_the_digits_example_on_two_servers():
+    result = hvd_dcasgd_run("-n", 2, "--servers", 2, "examples/train_digits.py", "--epochs", 1, timeout=300)
+    assert result.returncode == 0, result.stdout
+    assert re.search(r"final test accuracy \d\.\d+ \(compensation adaptive, 2 workers", result.stdout), result.stdout
+    assert "hvd_dcasgd server 1: " in result.stdout and "hvd_dcasgd servers (all 2): " in result.stdout
+
+
 @pytest.mark.parametrize("gpus, expected", [
     ("4,5,6", {"0": "'4'", "1": "'5'", "2": "'6'", "3": "'5'"}),  # server on 4, workers over 5 and 6
     ("7", {"0": "'7'", "1": "'7'", "2": "'7'", "3": "'7'"}),      # one GPU: every rank shares it
@@ -165,6 +174,24 @@ def test_open_mpi_several_nodes_with_rdma_uses_ucx():
     assert plan.command[plan.command.index("--host") + 2:] == ["--mca", "pml", "ucx", "--mca", "osc", "ucx",
                                                                PY, SCRIPT, "--epochs", "5"]
     assert plan.notes == []
+
+
+def test_several_servers_are_more_ranks_told_to_every_rank_and_spread_over_hosts():
+    machine = Machine(OPEN_MPI, "mpirun", cores=8)
+    plan = launch.build(options("-n", "4", "--servers", "2"), machine, {})
+    assert plan.command == ["mpirun", "-np", "6", "--mca", "osc", "sm", "-x", "HVD_DCASGD_SERVERS=2",
+                            PY, SCRIPT, "--epochs", "5"]
+    plan = launch.build(options("-n", "4"), machine, {"HVD_DCASGD_SERVERS": "3"})  # the caller's own value
+    assert plan.command == ["mpirun", "-np", "7", "--mca", "osc", "sm", "-x", "HVD_DCASGD_SERVERS",
+                            PY, SCRIPT, "--epochs", "5"]
+    plan = launch.build(options("-n", "4", "--servers", "2", "-H", "a:3,b:3"), Machine(OPEN_MPI, "mpirun", ucx_rdma=True), {})
+    assert plan.command[:7] == ["mpirun", "-np", "6", "--host", "a:3,b:3", "--map-by", "node"]
+    mpich = launch.build(options("-n", "4", "--servers", "2", "-H", "a:3,b:3"), Machine(MPICH, "mpiexec"), {})
+    assert mpich.command == ["mpiexec", "-n", "6", "-hosts", "a:3,b:3", "-ppn", "1", "-genv",
+                             "MPIR_CVAR_ASYNC_PROGRESS", "1", "-genv", "HVD_DCASGD_SERVERS", "2", PY, SCRIPT,
+                             "--epochs", "5"]
+    with pytest.raises(launch.LaunchError, match="--servers must be at least 1"):
+        launch.build(options("-n", "4", "--servers", "0"), machine, {})
 
 
 def test_open_mpi_hostfile_is_passed_as_is(tmp_path):

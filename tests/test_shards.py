@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -85,3 +86,91 @@ def test_which_optimizers_are_exact_under_any_cut():
     check_shardable(torch.optim.LBFGS(params), 1)
     with pytest.raises(HvdDcasgdValueError, match="LBFGS needs every parameter at once, so it cannot run on 2"):
         check_shardable(torch.optim.LBFGS(params), 2)
+
+
+# --- one server's view of its slice ------------------------------------------------------------
+def _model_and_optimizer(cls=torch.optim.SGD, **kwargs):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
+    groups = [{"params": [model[0].weight, model[0].bias]}, {"params": list(model[1].parameters()), "lr": 0.05}]
+    optimizer = cls(groups, lr=0.1, **kwargs)
+    return model, optimizer, ModelLayout.of(optimizer, model.named_parameters())
+
+
+def test_a_slice_is_whole_parameters_and_flat_parts_with_every_group():
+    from hvd_dcasgd.shards import shard_layout
+
+    _, _, layout = _model_and_optimizer()  # 30 + 5 | 15 + 3 elements
+    served, pieces = shard_layout(layout, 32, 47)
+    assert [p.name for p in served.params] == ["0.bias[2:5]", "1.weight[0:12]"]
+    assert [p.shape for p in served.params] == [(3,), (12,)]
+    assert served.group_sizes == [1, 1] and served.numel == 15
+    served, pieces = shard_layout(layout, 0, 35)
+    assert [p.name for p in served.params] == ["0.weight", "0.bias"] and served.group_sizes == [2, 0]
+    assert all(p.whole for p in pieces)
+
+
+@pytest.mark.parametrize("cls,kwargs", [(torch.optim.SGD, {"momentum": 0.9, "weight_decay": 0.01}),
+                                        (torch.optim.Adam, {"weight_decay": 0.01}),
+                                        (torch.optim.RMSprop, {"momentum": 0.5})])
+def test_optimizers_over_the_slices_step_exactly_as_the_whole_one(cls, kwargs):
+    """Element-wise optimizers: each slice's optimizer (its state cut from
+    the whole one's) steps its elements exactly as the whole optimizer does,
+    and the slices' states put together are the whole one's."""
+    from hvd_dcasgd.shards import merge_states, shard_layout, shard_optimizer
+
+    model, optimizer, layout = _model_and_optimizer(cls, **kwargs)
+    params = list(model.parameters())
+    for p in params:  # one step first, so there is state to cut
+        p.grad = torch.randn_like(p)
+    optimizer.step()
+    slices = [(0, 32), (32, 47), (47, layout.numel)]
+    servers = []
+    for start, end in slices:  # each server has a model of its own
+        served, pieces = shard_layout(layout, start, end)
+        servers.append((pieces, shard_optimizer(copy.deepcopy(optimizer), layout, pieces)))
+    grads = [torch.randn_like(p) for p in params]
+    flat_grad = torch.cat([g.reshape(-1) for g in grads])
+    for (start, end), (pieces, sharded) in zip(slices, servers):
+        offset = start
+        for piece, tensor in zip(pieces, [p for group in sharded.param_groups for p in group["params"]]):
+            tensor.grad = flat_grad[offset:offset + tensor.numel()].view_as(tensor).clone()
+            offset += tensor.numel()
+        sharded.step()
+    for p, g in zip(params, grads):
+        p.grad = g
+    optimizer.step()
+    whole = torch.cat([p.detach().reshape(-1) for p in params])
+    cut = torch.cat([torch.cat([t.detach().reshape(-1) for group in s.param_groups for t in group["params"]])
+                     for _, s in servers])
+    assert torch.equal(cut, whole)
+    merged = merge_states([s.state_dict() for _, s in servers], layout, [p for p, _ in servers])
+    expected = optimizer.state_dict()
+    assert merged["param_groups"] == expected["param_groups"]
+    assert sorted(merged["state"]) == sorted(expected["state"])
+    for i, entry in expected["state"].items():
+        for key, value in entry.items():
+            assert torch.equal(torch.as_tensor(merged["state"][i][key]), torch.as_tensor(value)), (i, key)
+
+
+def test_the_worker_sends_each_server_the_rates_and_its_slice_of_the_gradient():
+    """Worker.per_server: server s's inbox is the learning-rate header, then
+    the gradient's elements of s's slice, whatever pieces the pack made
+    (large gradients Put from their own memory, small ones packed)."""
+    from test_worker_pack import _assemble, _worker
+
+    from hvd_dcasgd.worker import DIRECT_PUT_BYTES
+
+    big = DIRECT_PUT_BYTES // 4 + 8  # a gradient Put from its own memory
+    model = torch.nn.Sequential(torch.nn.Linear(big, 1), torch.nn.Linear(1, 3))
+    numel = sum(p.numel() for p in model.parameters())
+    slices = [(0, 1000), (1000, big + 2), (big + 2, numel)]
+    worker = _worker(model, slices=slices)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    gradient = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    header = worker.message.header_bytes
+    for (start, end), pieces in zip(slices, worker.per_server(worker.pack())):
+        inbox = _assemble(pieces, header + 4 * (end - start))
+        assert torch.equal(inbox[:header], worker.message.bytes[:header])
+        assert torch.equal(inbox[header:].view(torch.float32), gradient[start:end])

@@ -64,6 +64,8 @@ def jobs(slurm_env, tmp_path_factory):
         "one_node": ({}, [], "one_node.sbatch", train),
         # mpirun inside the allocation, Open MPI's TCP settings (osc/pt2pt), on the one node there is
         "multi_node": ({"HVD_DCASGD_LAUNCHER": "mpirun"}, ["--nodes=1", "--ntasks=3"], "multi_node.sbatch", train),
+        # two parameter servers, each a slice of the parameters, and 2 workers
+        "two_servers": ({"HVD_DCASGD_SERVERS": "2"}, ["--ntasks=4"], "one_node.sbatch", train),
         # a rank that fails must fail the job
         "failing": ({}, ["--ntasks=3"], "one_node.sbatch", ["no_such_script.py"]),
         # stopped by SLURM's advance signal, requeued, resumed
@@ -107,11 +109,12 @@ def finished(name, jobs, env):
                 f"{JOB_DEADLINE} s: cancelled\n{_read(output)[-4000:]}")
 
 
-@pytest.mark.parametrize("name, launcher, workers", [("one_node", "srun", 4), ("multi_node", "mpirun", 2)])
-def test_batch_script_trains_digits(name, launcher, workers, jobs, slurm_env):
+@pytest.mark.parametrize("name, launcher, servers, workers", [
+    ("one_node", "srun", 1, 4), ("multi_node", "mpirun", 1, 2), ("two_servers", "srun", 2, 2)])
+def test_batch_script_trains_digits(name, launcher, servers, workers, jobs, slurm_env):
     state, exit_code, output = finished(name, jobs, slurm_env)
     assert (state, exit_code) == ("COMPLETED", "0:0"), output[-4000:]
-    assert "workers on" in output and f", {launcher}: " in output, output[-4000:]
+    assert f"{servers} server(s) + {workers} workers on" in output and f", {launcher}: " in output, output[-4000:]
     found = ACCURACY.search(output)
     assert found, output[-4000:]
     assert int(found.group(2)) == workers

@@ -127,7 +127,7 @@ def test_a_stop_signal_to_the_script_reaches_the_ranks_as_usr1(stand_ins):
            "SLURM_JOB_ID": "7"}
     script = subprocess.Popen(["bash", str(ROOT / "slurm" / "one_node.sbatch")], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
-    assert script.stdout.readline().startswith("hvd_dcasgd: 1 server + 2 workers")
+    assert script.stdout.readline().startswith("hvd_dcasgd: 1 server(s) + 2 workers")
     assert script.stdout.readline() == "ranks started\n"
     script.send_signal(signal.SIGUSR1)
     out, _ = script.communicate(timeout=20)

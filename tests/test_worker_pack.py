@@ -63,12 +63,13 @@ class _Channel:
     worker, pushes = 0, 0
 
 
-def _worker(model, wire=torch.float32):
+def _worker(model, wire=torch.float32, slices=None):
     from hvd_dcasgd.layout import ModelLayout
     from hvd_dcasgd.worker import Worker
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.25)
-    return Worker(optimizer, ModelLayout.of(optimizer, model.named_parameters()), _Channel(), wire)
+    channels = [_Channel() for _ in (slices or [None])]
+    return Worker(optimizer, ModelLayout.of(optimizer, model.named_parameters()), channels, wire, slices=slices)
 
 
 def _assemble(pieces, nbytes):

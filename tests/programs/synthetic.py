@@ -121,7 +121,8 @@ def main():
         model = model.double()
     named = [("z" if n == "b" and args.bad == "name" and odd else n, p) for n, p in model.named_parameters()]
     if hvd.is_server() and args.out:  # the server exits inside DistributedOptimizer
-        atexit.register(lambda: torch.save(model.state_dict(), os.path.join(args.out, "server.pt")))
+        name = "server.pt" if world_rank == 0 else f"server{world_rank}.pt"  # several servers: each its own
+        atexit.register(lambda: torch.save(model.state_dict(), os.path.join(args.out, name)))
     base = make_optimizer(model, args)
     if args.bad == "groups" and odd:
         base = torch.optim.SGD(model.parameters(), lr=args.lr)

@@ -118,3 +118,23 @@ def test_servers_benchmark_compares_one_server_with_two_and_writes_its_section(p
     # weights out (4096 float32 split in two, the header 64 bytes on each)
     assert (one, two) == (round((64 + 2 * 4096 * 4) / 1e6, 3), round((64 + 2 * 2048 * 4) / 1e6, 3)), rows
     assert all(row[3] == "1.00" and row[5] == "1.00" and row[7] == "1.00" for row in rows[::2]), rows
+
+
+def test_the_scaling_model_on_a_hand_computed_case_and_its_section(tmp_path):
+    sys.path.insert(0, str(BENCH))
+    import scaling
+
+    # 1M parameters, 1 ns each: 1 ms to apply on one server; 8 MB over 8 GB/s: 1 ms on the link
+    assert scaling.server_rate(1e-9, 1_000_000, 1, 8e9) == (pytest.approx(1000.0), "apply")
+    assert scaling.server_rate(1e-9, 1_000_000, 2, 4e9) == (pytest.approx(1000.0), "link")
+    # 4 workers, 9 ms of compute + 1 ms of transfer each: 400 pushes/s asked
+    assert scaling.demand(4, 0.009, 1_000_000, 8e9) == pytest.approx(400.0)
+    assert scaling.predict(1e-9, 4, 1, 1_000_000, 0.009, 8e9) == (pytest.approx(400.0), "workers")
+    assert scaling.predict(4e-9, 4, 1, 1_000_000, 0.009, 8e9) == (pytest.approx(250.0), "server apply")
+    assert scaling.fewest_servers(4e-9, 4, 1_000_000, 0.009, 8e9) == 2
+    copy = tmp_path / "SCALING.md"
+    shutil.copyfile(ROOT / "docs" / "SCALING.md", copy)
+    result = python(BENCH / "scaling.py", "--markdown", copy, timeout=120)
+    assert result.returncode == 0, result.stdout
+    body = generate.sections(copy.read_text())["benchmarks/scaling.py"]
+    assert "apply time per parameter per update, `none`" in body and "| `adaptive` | 32 | 8 |" in body, body

@@ -181,3 +181,28 @@ def test_what_several_servers_cannot_do_is_a_sentence_on_every_rank(tmp_path, en
     result = mpirun(ranks, PROGRAMS / "synthetic.py", "--steps", 2, env=env, timeout=120)
     assert result.returncode != 0
     assert result.stdout.count(expected) == ranks, result.stdout
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_restores_and_optimizer_state_on_several_servers_are_those_of_one(tmp_path, optimizer):
+    """Horovod's restore idiom (worker 0 loads weights after wrapping, then
+    broadcasts parameters and optimizer state) reaches every server, each its
+    slice; the optimizer state a worker saves mid-training is the servers'
+    put together: with one worker, both are bit for bit those of one server."""
+    extra = ["--compensation", "adaptive", "--steps", STEPS, "--optimizer", optimizer, "--momentum", "0.9",
+             "--restore", "--snapshot-at", 4]
+    if optimizer == "adam":
+        extra = [x for x in extra if x not in ("--momentum", "0.9")]
+    _, _, one, _ = _train(tmp_path / "one", 1, *extra, workers=1)
+    _, _, several, servers_final = _train(tmp_path / "several", 3, *extra, workers=1)
+    assert torch.equal(_flat(several[0]), _flat(one[0]))
+    assert all(torch.equal(_flat(state), _flat(one[0])) for state in servers_final)
+    saved = [torch.load(tmp_path / run / "snapshot.pt") for run in ("one", "several")]
+    assert torch.equal(_flat(saved[1]["model"]), _flat(saved[0]["model"]))
+    states = [s["optimizer"]["state"] for s in saved]
+    assert sorted(states[1]) == sorted(states[0]) == [0, 1]
+    for i in states[0]:
+        assert sorted(states[1][i]) == sorted(states[0][i])
+        for key, value in states[0][i].items():
+            assert torch.equal(torch.as_tensor(states[1][i][key]), torch.as_tensor(value)), (i, key)
+    assert saved[1]["optimizer"]["param_groups"] == saved[0]["optimizer"]["param_groups"]

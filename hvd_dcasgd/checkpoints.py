@@ -9,6 +9,11 @@ sees the old checkpoint or the new one, never half of one, even if the
 server is killed while writing.  Files are named by the update counter
 (``checkpoint-000001234.pt``); the last two are kept.  Loading never
 unpickles: ``torch.load(..., weights_only=True)``.
+
+With S servers each writes into its own subfolder, ``server-<s>-of-<S>``,
+files named by the number of the consistent cut they belong to (every
+server writes cut n at the same point of every worker's pushes, see
+:mod:`.cuts`); a job resumes from the newest cut every server has.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class Checkpoints:
     def __init__(self, folder: str, interval: float = 600.0):
         self.folder = Path(folder)
         self.interval = interval
+        self.top = self.folder  # the job's folder (a server's subfolder lies in it)
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -55,14 +61,29 @@ class Checkpoints:
         self.seconds = 0.0  # spent writing
 
     @classmethod
-    def from_settings(cls, folder: Optional[str]) -> Optional["Checkpoints"]:
+    def from_settings(cls, folder: Optional[str], shard: int = 0, servers: int = 1) -> Optional["Checkpoints"]:
         """``HVD_DCASGD_CHECKPOINT_DIR`` (or ``folder``) and
-        ``HVD_DCASGD_CHECKPOINT_INTERVAL``; ``None`` when no folder is set."""
+        ``HVD_DCASGD_CHECKPOINT_INTERVAL``; ``None`` when no folder is set.
+        With several servers, server ``shard``'s subfolder.  A folder that
+        holds the checkpoints of another number of servers is refused: they
+        could not be resumed from, and starting afresh would lose them."""
         folder = setting("HVD_DCASGD_CHECKPOINT_DIR") or folder
         if not folder:
             return None
-        interval = setting("HVD_DCASGD_CHECKPOINT_INTERVAL")
-        return cls(folder, 600.0 if interval is None else interval)
+        interval = 600.0 if setting("HVD_DCASGD_CHECKPOINT_INTERVAL") is None else \
+            setting("HVD_DCASGD_CHECKPOINT_INTERVAL")
+        top = Path(folder)
+        mine = f"server-{shard}-of-{servers}" if servers > 1 else None
+        others = sorted(p.name for p in top.glob("server-*-of-*") if not p.name.endswith(f"-of-{servers}"))
+        if top.is_dir() and servers > 1 and any(_NAME.match(p.name) for p in top.iterdir()):
+            others.insert(0, "checkpoints of one server")
+        if others:
+            raise HvdDcasgdError(f"hvd_dcasgd: the checkpoint folder {folder} holds {others[0]}, written by a job "
+                                 f"with another number of servers; this one has {servers} (resume with the same "
+                                 "number, or use another HVD_DCASGD_CHECKPOINT_DIR)")
+        checkpoints = cls(str(top / mine) if mine else folder, interval)
+        checkpoints.top = top
+        return checkpoints
 
     def paths(self) -> List[Tuple[int, Path]]:
         """(update, path) of every checkpoint in the folder, oldest first."""
@@ -73,9 +94,10 @@ class Checkpoints:
                 found.append((int(match.group(1)), Path(entry.path)))
         return sorted(found)
 
-    def newest(self) -> Optional[Tuple[Path, Dict[str, Any]]]:
-        """The newest checkpoint's path and content, or ``None`` if there is none."""
-        paths = self.paths()
+    def newest(self, number: Optional[int] = None) -> Optional[Tuple[Path, Dict[str, Any]]]:
+        """The newest checkpoint's path and content (with ``number``, that
+        checkpoint's), or ``None`` if there is none."""
+        paths = self.paths() if number is None else [(n, p) for n, p in self.paths() if n == number]
         if not paths:
             return None
         path = paths[-1][1]
@@ -87,10 +109,11 @@ class Checkpoints:
     def is_due(self) -> bool:
         return self.due is not None and time.monotonic() >= self.due
 
-    def write(self, state: Dict[str, Any]) -> Path:
-        """Save ``state`` as the checkpoint of its update, atomically; keep the last :data:`KEEP`."""
+    def write(self, state: Dict[str, Any], number: Optional[int] = None) -> Path:
+        """Save ``state`` as the checkpoint of its update (with ``number``,
+        of that cut), atomically; keep the last :data:`KEEP`."""
         started = time.perf_counter()
-        path = self.folder / f"checkpoint-{int(state['updates']):09d}.pt"
+        path = self.folder / f"checkpoint-{int(state['updates'] if number is None else number):09d}.pt"
         atomic_write(path, lambda out: torch.save(state, out), binary=True)
         for _, old in self.paths()[:-KEEP]:
             old.unlink(missing_ok=True)

@@ -292,7 +292,7 @@ def DistributedOptimizer(
     )
     layout = ModelLayout.of(optimizer, named_parameters, model)
     wire_dtype = compression.wire(layout.dtype)
-    slices = _slices(rt, optimizer, layout, checkpoint_dir)
+    slices = _slices(rt, optimizer, layout)
     if rt.role == SERVER:
         trace = setting("HVD_DCASGD_TRACE") or trace
         run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(rt, server_device), trace,
@@ -306,21 +306,16 @@ def DistributedOptimizer(
     return wrapped
 
 
-def _slices(rt: Runtime, optimizer: torch.optim.Optimizer, layout: ModelLayout,
-            checkpoint_dir: Optional[str]) -> list:
+def _slices(rt: Runtime, optimizer: torch.optim.Optimizer, layout: ModelLayout) -> list:
     """Each server's slice of the flat parameter vector, the same on every
     rank (cut inside a parameter only for an element-wise optimizer); what
     several servers cannot do yet is refused on every rank alike."""
     if rt.role == LOCAL or rt.servers == 1:
         return [(0, layout.numel)]
-    missing = []
-    if setting("HVD_DCASGD_CHECKPOINT_DIR") or checkpoint_dir:
-        missing.append("checkpoints (HVD_DCASGD_CHECKPOINT_DIR, checkpoint_dir=)")
     if stall_timeout_seconds() is not None:
-        missing.append("dropping a silent worker (HVD_DCASGD_STALL_TIMEOUT)")
-    if missing:
-        raise HvdDcasgdValueError(f"hvd_dcasgd: {' and '.join(missing)} work with one server only for now; this "
-                                  f"job has {rt.servers} (HVD_DCASGD_SERVERS)", collective=True)
+        raise HvdDcasgdValueError(f"hvd_dcasgd: dropping a silent worker (HVD_DCASGD_STALL_TIMEOUT) works with one "
+                                  f"server only for now; this job has {rt.servers} (HVD_DCASGD_SERVERS)",
+                                  collective=True)
     try:
         check_shardable(optimizer, rt.servers)
         return partition(layout.offsets, rt.servers, whole_tensors=not is_elementwise(optimizer))

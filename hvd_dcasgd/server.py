@@ -19,13 +19,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .channel import ServerChannel
 from .checkpoints import Checkpoints
 from .compensation import Compensation
+from .cuts import Cuts
 from .config import setting
 from .errors import HvdDcasgdError, HvdDcasgdValueError, warn
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
@@ -294,11 +295,12 @@ class ParameterServer:
                                           f"the server's is {list(self.extras[name].shape)}")
         self.update.state.check(state["compensation_state"])
 
-    def checkpoint(self, checkpoints: Checkpoints) -> Any:
+    def checkpoint(self, checkpoints: Checkpoints, number: Optional[int] = None) -> Any:
         """Write a checkpoint of everything the server holds (between two
-        updates), the trace up to it first; its path."""
+        updates), the trace up to it first; its path.  With several
+        servers, ``number`` is the cut's."""
         self.telemetry.flush()
-        return checkpoints.write(self.state_dict())
+        return checkpoints.write(self.state_dict(), number)
 
     def snapshot_for(self, worker: int) -> Dict[str, Any]:
         """The optimizer's state now, and the weights of the same moment sent
@@ -311,7 +313,8 @@ class ParameterServer:
 
     # --- the loop ---------------------------------------------------------
     def serve(self, between_polls: Callable[[], None] = lambda: None, watch: Optional[StallWatch] = None,
-              checkpoints: Optional[Checkpoints] = None, stop: Callable[[], bool] = lambda: False) -> None:
+              checkpoints: Optional[Checkpoints] = None, stop: Callable[[], bool] = lambda: False,
+              cuts: Optional[Cuts] = None) -> None:
         """Answer pushes until every worker has left (or was dropped), then
         close the session.
 
@@ -327,11 +330,15 @@ class ParameterServer:
                 first poll that sees a stop (this rank's or a worker's), the
                 pushes already in the inboxes are applied, later ones are
                 answered "stop" and not applied.
+            cuts: with several servers, the exchange that makes their
+                checkpoints and their stop consistent (:mod:`.cuts`): then a
+                checkpoint or a stop is a cut, ordered by the first server.
         """
         synchronous = self.compensation.schedule == "sync"
         timeout = stall_timeout_seconds()
         backoff = Backoff(max_sleep=1e-4)
         answered, requests_at = [], 0.0
+        cut: Optional[Tuple[int, bool, Any]] = None  # (number, stop, target) of a cut under way
         while True:
             if not answered or time.monotonic() - requests_at >= REQUESTS_INTERVAL:
                 between_polls()
@@ -339,7 +346,13 @@ class ParameterServer:
             ready, left = self.channel.poll()
             if watch is not None:
                 self._watch(watch, ready, left, timeout)
-            stopping_now = self.stopped_at is None and (self.channel.stop_asked or stop())
+            stopping_now = False
+            if cuts is None:
+                stopping_now = self.stopped_at is None and (self.channel.stop_asked or stop())
+            elif cut is None:
+                cut = self._next_cut(cuts, checkpoints, stop)
+            if cut is not None:  # hold back the pushes beyond the cut
+                ready = [m for m in ready if self._applied(m) < cut[2][m]]
             if self.stopped_at is not None:  # nothing more is applied
                 answered = ready
             elif synchronous:
@@ -357,17 +370,51 @@ class ParameterServer:
                 self.channel.reply(m, stop=self.stopped_at is not None or stopping_now)
             if stopping_now:
                 self.stopped_at = self.updates
-            if checkpoints is not None and self.stopped_at is None and checkpoints.is_due():
+            if cut is not None and all(self._applied(m) >= cut[2][m] for m in range(self.channel.num_workers)):
+                if checkpoints is not None:
+                    self.checkpoint(checkpoints, cut[0])
+                if cut[1]:
+                    self.stopped_at = self.updates
+                cut = None
+            if cuts is None and checkpoints is not None and self.stopped_at is None and checkpoints.is_due():
                 self.checkpoint(checkpoints)
             if answered:
                 backoff.reset()
-            elif all(left):
+            elif all(left) and cut is None and (cuts is None or cuts.first or cuts.ended):
                 break
             else:
                 backoff.wait()
+        if cuts is not None and cuts.first:
+            cuts.stop_wanted()  # nothing is left unread
+            cuts.end()
         self.channel.close()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+    def _applied(self, worker: int) -> int:
+        """Pushes of ``worker`` taken: applied, or skipped as bad."""
+        return self.telemetry.pushes[worker] + self.telemetry.refused[worker]
+
+    def _next_cut(self, cuts: Cuts, checkpoints: Optional[Checkpoints],
+                  stop: Callable[[], bool]) -> Optional[Tuple[int, bool, Any]]:
+        """The cut to make now, if one is due or ordered: (number, stop, target)."""
+        stopping = self.stopped_at is None and (self.channel.stop_asked or stop())
+        if cuts.first:
+            if self.stopped_at is not None:
+                return None
+            stopping = stopping or cuts.stop_wanted()
+            if not (stopping or (checkpoints is not None and checkpoints.is_due())):
+                return None
+            number, stopping = cuts.order(stopping)
+        else:
+            if stopping:
+                cuts.want_stop()
+            order = cuts.ordered()
+            if order is None:
+                return None
+            number, stopping = order
+        target, stopping = cuts.targets([self._applied(m) for m in range(self.channel.num_workers)], stopping)
+        return number, stopping, target
 
     def _watch(self, watch: StallWatch, ready: Sequence[int], left: List[bool], timeout: Optional[float]) -> None:
         """Warn about silent workers; drop the ones silent past ``timeout``."""

@@ -22,6 +22,7 @@ with status 75 (preempted) once the checkpoint is written.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -31,6 +32,7 @@ import torch
 
 from . import preemption
 from .checkpoints import Checkpoints
+from .cuts import Cuts
 from .compensation import Compensation
 from .config import setting
 from .endpoints import open_server, open_worker_channel
@@ -41,7 +43,7 @@ from .runtime import SERVER, Runtime
 from .server import ParameterServer
 from .shards import Piece, merge_states, shard_layout, shard_optimizer, shard_state, shard_tensors
 from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
-from .telemetry import Telemetry
+from .telemetry import Telemetry, cut_trace
 from .tensors import broadcast_, snapshot, to_cpu
 from .worker import Worker
 
@@ -218,12 +220,14 @@ class ServerSession:
     stops_on_signal = True
 
     def __init__(self, rt: Runtime, comm: Any, server: ParameterServer, names: List[str],
-                 checkpoints: Optional[Checkpoints] = None, model_params: Optional[List[torch.Tensor]] = None):
+                 checkpoints: Optional[Checkpoints] = None, model_params: Optional[List[torch.Tensor]] = None,
+                 cuts: Optional[Cuts] = None):
         """``comm`` is this server's session with the workers; with several
         servers, ``model_params`` are the model's trained parameters, which
-        take every server's final weights at the end."""
+        take every server's final weights at the end, and ``cuts`` makes
+        their checkpoints consistent."""
         self.rt, self.comm, self.server, self.names, self.checkpoints = rt, comm, server, names, checkpoints
-        self.model_params = model_params
+        self.model_params, self.cuts = model_params, cuts
         self.last_checkpoint = None
 
     def restore_on_server(self, items: List[Tuple[str, torch.Tensor]]) -> None:
@@ -235,13 +239,14 @@ class ServerSession:
     def serve(self) -> None:
         self.server.serve(ControlRequests(self.rt, self.comm, self.server).answer,
                           StallWatch(self.names, stall_warning_seconds()), self.checkpoints,
-                          stop=lambda: preemption.requested() is not None)
+                          stop=lambda: preemption.requested() is not None, cuts=self.cuts)
 
     def _write_last_checkpoint(self) -> None:
         """The last checkpoint: the buffers are combined, and the windows
         still open (on the CPU the backups live in them)."""
-        if self.checkpoints is not None:
-            self.last_checkpoint = self.server.checkpoint(self.checkpoints)
+        if self.checkpoints is not None:  # with several servers, one more cut: everything applied everywhere
+            number = None if self.cuts is None else self.cuts.number + 1
+            self.last_checkpoint = self.server.checkpoint(self.checkpoints, number)
 
     def _free(self) -> None:
         """The last checkpoint, then free the windows."""
@@ -440,7 +445,7 @@ def _resume(server: ParameterServer, found: Optional[Tuple[Any, Dict[str, Any]]]
     except HvdDcasgdError as exc:
         raise HvdDcasgdError(f"{exc} (checkpoint {path}; another HVD_DCASGD_CHECKPOINT_DIR starts afresh)") from None
     server.channel.mailboxes.sync()  # every backup is in its outbox, for the workers to read
-    print(f"hvd_dcasgd server: resuming from update {server.updates} ({path})", file=sys.stderr, flush=True)
+    print(f"{server.telemetry.name}: resuming from update {server.updates} ({path})", file=sys.stderr, flush=True)
     return {"from": server.updates, "path": str(path),
             "pushes": [a + r for a, r in zip(server.telemetry.pushes, server.telemetry.refused)]}
 
@@ -468,14 +473,19 @@ def _server_name(rt: Runtime, shard: int) -> Optional[str]:
 def _open_trace(rt: Runtime, path: Optional[str], slice_: Tuple[int, int],
                 resume_from: Optional[int]) -> Telemetry:
     """The server's telemetry.  With several servers they all append to one
-    trace, which the first empties before any writes (a barrier among them)."""
+    trace, which the first empties (or, resuming, cuts each server's lines
+    at its checkpoint) before any writes (a barrier among them)."""
     if rt.servers == 1:
         return Telemetry(rt.num_workers, path, resume_from=resume_from)
+    resumed = rt.workers.gather(resume_from, root=0)  # the servers
     if path and rt.shard == 0:
-        open(path, "w").close()
-    rt.workers.Barrier()  # the servers
+        if resume_from is None:
+            open(path, "w").close()
+        elif os.path.exists(path):
+            cut_trace(path, dict(enumerate(resumed)))
+    rt.workers.Barrier()
     start, end = slice_
-    return Telemetry(rt.num_workers, path, shard=(rt.shard, start, end - start))
+    return Telemetry(rt.num_workers, path, resume_from=resume_from, shard=(rt.shard, start, end - start))
 
 
 def run_server(
@@ -503,15 +513,16 @@ def run_server(
         broadcast_(rt.workers, [*params, *extras.values()], root=0)
         served_layout, pieces = shard_layout(layout, *slices[rt.shard])
         served_optimizer = shard_optimizer(optimizer, layout, pieces)
-    checkpoints, found = _on_server(rt, comm, lambda: _open_checkpoints(checkpoint_dir))
+    checkpoints, found, number = _on_server(rt, comm, lambda: _open_checkpoints(rt, checkpoint_dir))
     telemetry = _open_trace(rt, trace_path, slices[rt.shard], int(found[1]["updates"]) if found else None)
     server = open_server(comm, served_optimizer, served_layout, compensation, num_workers=rt.num_workers,
                          wire_dtype=wire_dtype, device=device, telemetry=telemetry,
                          extras=extras, checked_by_workers=[w["check_finite"] for w in workers])
     comm.bcast(_on_server(rt, comm, lambda: _resume(server, found)), root=0)
     broadcast_(comm, [server.weights, *extras.values()], root=0)
+    cuts = Cuts(rt.mpi, rt.workers, number or 0) if rt.servers > 1 else None
     session = ServerSession(rt, comm, server, [w["name"] for w in workers], checkpoints,
-                            params if rt.servers > 1 else None)
+                            params if rt.servers > 1 else None, cuts)
     rt.session = session
     session.serve()
     rt.session = None
@@ -519,9 +530,32 @@ def run_server(
     sys.exit(session.exit_status)
 
 
-def _open_checkpoints(folder: Optional[str]) -> Tuple[Optional[Checkpoints], Any]:
-    checkpoints = Checkpoints.from_settings(folder)
-    return checkpoints, (checkpoints.newest() if checkpoints is not None else None)
+def _open_checkpoints(rt: Runtime, folder: Optional[str]) -> Tuple[Optional[Checkpoints], Any, Optional[int]]:
+    """This server's checkpoint folder, the checkpoint to resume from (path,
+    content) and, with several servers, its cut's number: the newest cut
+    every server holds (the servers agree on it, collective among them)."""
+    problem, checkpoints = None, None
+    try:
+        checkpoints = Checkpoints.from_settings(folder, rt.shard, rt.servers)
+    except HvdDcasgdError as exc:
+        problem = exc
+    if rt.servers == 1:
+        if problem is not None:
+            raise problem
+        return checkpoints, (checkpoints.newest() if checkpoints is not None else None), None
+    held = rt.workers.allgather(None if checkpoints is None else [n for n, _ in checkpoints.paths()])
+    if problem is not None:
+        raise problem
+    if checkpoints is None:
+        return None, None, None
+    if any(numbers is None for numbers in held):
+        raise HvdDcasgdError(f"hvd_dcasgd: server {held.index(None)} could not open its checkpoint folder")
+    common = set.intersection(*(set(numbers) for numbers in held))
+    if not common and any(held):
+        raise HvdDcasgdError(f"hvd_dcasgd: the servers' checkpoints in {checkpoints.top} ({held}) share no cut; "
+                             "they cannot be resumed together (another HVD_DCASGD_CHECKPOINT_DIR starts afresh)")
+    number = max(common) if common else None
+    return checkpoints, (checkpoints.newest(number) if number is not None else None), number
 
 
 def start_worker(

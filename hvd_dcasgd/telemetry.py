@@ -43,13 +43,13 @@ class Telemetry:
         self.last = 0.0
         self.apply_seconds = 0.0  # spent in the updates themselves (compensate, step)
         self.bytes_in_per_push, self.bytes_out_per_answer = 0, 0
-        if trace_path and resume_from is not None and os.path.exists(trace_path):
-            _cut_trace(trace_path, resume_from)
+        if trace_path and resume_from is not None and shard is None and os.path.exists(trace_path):
+            cut_trace(trace_path, {None: resume_from})  # several servers: the first cut everyone's
         mode = "a" if resume_from is not None or shard is not None else "w"
         # several servers append to one file: a line at a time (one write each, O_APPEND)
         buffering = 1 if shard is not None else -1
         self._trace: Optional[IO[str]] = open(trace_path, mode, buffering=buffering) if trace_path else None
-        if self._trace is not None and shard is not None:
+        if self._trace is not None and shard is not None and resume_from is None:
             self._trace.write(json.dumps({"shard": shard[0], "offset": shard[1], "numel": shard[2]}) + "\n")
 
     def record(self, update: int, worker: int, staleness: int) -> None:
@@ -164,11 +164,16 @@ class Telemetry:
         self.write(path, self.summary_dict())
 
 
-def _cut_trace(path: str, update: int) -> None:
-    """Keep the lines of ``path`` about updates before ``update``."""
+def cut_trace(path: str, updates: Dict[Optional[int], Optional[int]]) -> None:
+    """Keep the lines of ``path`` about updates before ``updates[s]``, s
+    being a line's ``"shard"`` (``None`` for one server's lines; a server
+    missing or at ``None`` keeps nothing but its first line)."""
     def before(line: str) -> bool:
         record = json.loads(line)
-        return record.get("update", record.get("sent", 0)) < update
+        if "offset" in record:  # a server's first line
+            return True
+        update = updates.get(record.get("shard"))
+        return update is not None and record.get("update", record.get("sent", 0)) < update
 
     with open(path) as f:
         kept = [line for line in f if line.strip() and before(line)]

@@ -28,12 +28,9 @@ if [ "$SERVERS" -gt 1 ] && [ "${SLURM_JOB_NUM_NODES:-1}" -gt 1 ]; then
 fi
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
-# The server's checkpoints: one folder per job, which a requeued job (same
-# job id) finds again and resumes from.  (Several servers do not checkpoint
-# yet: docs/USAGE.md#several-servers.)
-if [ "$SERVERS" -eq 1 ]; then
-    export HVD_DCASGD_CHECKPOINT_DIR="${HVD_DCASGD_CHECKPOINT_DIR:-$REPO/checkpoints/${SLURM_JOB_ID:-job}}"
-fi
+# The servers' checkpoints: one folder per job, which a requeued job (same
+# job id) finds again and resumes from.
+export HVD_DCASGD_CHECKPOINT_DIR="${HVD_DCASGD_CHECKPOINT_DIR:-$REPO/checkpoints/${SLURM_JOB_ID:-job}}"
 # Since SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task.
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 

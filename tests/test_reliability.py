@@ -40,8 +40,9 @@ class Job:
     """One ``mpirun`` of the synthetic program in the background, its output
     in a file, killed (its process group) if it outlives ``timeout``."""
 
-    def __init__(self, out: Path, *args, workers=WORKERS, mca=(), env=None, timeout=120, log="log", launcher=False):
-        self.out, self.timeout = out, timeout
+    def __init__(self, out: Path, *args, workers=WORKERS, mca=(), env=None, timeout=120, log="log", launcher=False,
+                 servers=1):
+        self.out, self.timeout, self.ranks = out, timeout, workers + servers
         self.log = out / log
         root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
         full_env = {**os.environ, **(env or {})}
@@ -49,7 +50,7 @@ class Job:
         if launcher:  # this project's launcher, as a user runs it
             start = [sys.executable, str(ROOT / "launch" / "hvd-dcasgd-run"), "-n", str(workers)]
         else:
-            start = ["mpirun", *root, "--oversubscribe", "-np", str(workers + 1), *mca, sys.executable]
+            start = ["mpirun", *root, "--oversubscribe", "-np", str(workers + servers), *mca, sys.executable]
         cmd = [*start, str(PROGRAMS / "synthetic.py"), "--out", str(out), *map(str, args)]
         self.started = time.monotonic()
         with open(self.log, "w") as log_file:
@@ -77,7 +78,7 @@ class Job:
         return int((self.out / f"pid{world_rank}").read_text())
 
     def signal_ranks(self, number, ranks=None) -> None:
-        for rank in range(WORKERS + 1) if ranks is None else ranks:
+        for rank in range(self.ranks) if ranks is None else ranks:
             os.kill(self.pid(rank), number)
 
     def wait(self) -> int:

@@ -13,20 +13,22 @@ has applied exactly the target, and writes checkpoint n.  After a cut
 ordered for a stop, every server answers later pushes "stop" without
 applying them, as one server does.
 
-The first server ends the exchange (:meth:`Cuts.end`) once its workers have
-left; the others keep serving orders until then, so a cut ordered late is
-never left waiting.
+The first server also decides alone which silent worker to drop
+(``HVD_DCASGD_STALL_TIMEOUT``) and orders the others to drop it too, so that
+every server ends with the same workers.  It ends the exchange
+(:meth:`Cuts.end`) once its workers have left; the others keep serving
+orders until then, so an order sent late is never left waiting.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 __all__ = ["Cuts"]
 
-CUT_TAG, END_TAG, STOP_TAG = 7311, 7312, 7313
+CUT_TAG, END_TAG, STOP_TAG, DROP_TAG = 7311, 7312, 7313, 7314
 
 
 class Cuts:
@@ -52,6 +54,18 @@ class Cuts:
         for server in range(1, self.comm.Get_size()):
             self.comm.send((self.number, stop), dest=server, tag=CUT_TAG)
         return self.number, stop
+
+    def drop(self, worker: int) -> None:
+        """First server: have every server drop ``worker``."""
+        for server in range(1, self.comm.Get_size()):
+            self.comm.send(worker, dest=server, tag=DROP_TAG)
+
+    def dropped(self) -> List[int]:
+        """Another server: the workers the first has dropped since the last call."""
+        workers = []
+        while self.comm.Iprobe(source=0, tag=DROP_TAG):
+            workers.append(self.comm.recv(source=0, tag=DROP_TAG))
+        return workers
 
     def ordered(self) -> Optional[Tuple[int, bool]]:
         """Another server: the next cut ordered, if one is, as (number, stop);

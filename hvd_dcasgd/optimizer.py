@@ -29,7 +29,6 @@ from .mpi_ops import Adasum, Average, Sum
 from .runtime import LOCAL, SERVER, WORKER, Runtime, runtime
 from .session import HorovodSession, idle_server, run_server, start_worker
 from .shards import check_shardable, is_elementwise, partition
-from .stall import stall_timeout_seconds
 
 #: Every training method by its short name: the server's modes (``none`` is
 #: ASGD, ``sync`` is SSGD, ``constant``/``adaptive`` are DC-ASGD-c/-a) and
@@ -312,10 +311,6 @@ def _slices(rt: Runtime, optimizer: torch.optim.Optimizer, layout: ModelLayout) 
     several servers cannot do yet is refused on every rank alike."""
     if rt.role == LOCAL or rt.servers == 1:
         return [(0, layout.numel)]
-    if stall_timeout_seconds() is not None:
-        raise HvdDcasgdValueError(f"hvd_dcasgd: dropping a silent worker (HVD_DCASGD_STALL_TIMEOUT) works with one "
-                                  f"server only for now; this job has {rt.servers} (HVD_DCASGD_SERVERS)",
-                                  collective=True)
     try:
         check_shardable(optimizer, rt.servers)
         return partition(layout.offsets, rt.servers, whole_tensors=not is_elementwise(optimizer))

@@ -344,8 +344,13 @@ class ParameterServer:
                 between_polls()
                 requests_at = time.monotonic()
             ready, left = self.channel.poll()
+            if cuts is not None and not cuts.first:
+                for m in cuts.dropped():  # dropped by the first server
+                    self.channel.drop(m)
+                ready, left = [m for m in ready if not self.channel.dropped[m]], [
+                    x or d for x, d in zip(left, self.channel.dropped)]
             if watch is not None:
-                self._watch(watch, ready, left, timeout)
+                self._watch(watch, ready, left, timeout if cuts is None or cuts.first else None, cuts)
             stopping_now = False
             if cuts is None:
                 stopping_now = self.stopped_at is None and (self.channel.stop_asked or stop())
@@ -416,14 +421,18 @@ class ParameterServer:
         target, stopping = cuts.targets([self._applied(m) for m in range(self.channel.num_workers)], stopping)
         return number, stopping, target
 
-    def _watch(self, watch: StallWatch, ready: Sequence[int], left: List[bool], timeout: Optional[float]) -> None:
-        """Warn about silent workers; drop the ones silent past ``timeout``."""
+    def _watch(self, watch: StallWatch, ready: Sequence[int], left: List[bool], timeout: Optional[float],
+               cuts: Optional[Cuts] = None) -> None:
+        """Warn about silent workers; drop the ones silent past ``timeout``
+        (with several servers, the first drops them everywhere)."""
         for m in ready:
             watch.heard(m)
         owes = [not (left[m] or m in ready) for m in range(self.channel.num_workers)]
         watch.check(owes)
         for m in watch.silent_past(owes, timeout):
             self.channel.drop(m)
+            if cuts is not None:
+                cuts.drop(m)
             left[m] = True
             warn(f"{watch.names[m]} has not pushed for {timeout:g} s (HVD_DCASGD_STALL_TIMEOUT): dropped; the "
                  "other workers carry on without it", stacklevel=3)

@@ -187,12 +187,12 @@ def final_exchange(comm: Any, extras: List[torch.Tensor], weights: torch.Tensor,
     return optimizer_state
 
 
-def survivors(rt: Runtime, session: Any, dropped: List[int]) -> Tuple[Any, Any]:
-    """The communicator of the server and the workers not ``dropped`` (of
-    ``session``, a server's session), and the workers' part of it
-    (``COMM_NULL`` on the server); collective over those ranks only, so a
-    dropped worker need not take part."""
-    ranks = [0] + [m + 1 for m in range(rt.num_workers) if m not in dropped]
+def survivors(rt: Runtime, session: Any, dropped: List[int], servers: int = 1) -> Tuple[Any, Any]:
+    """The communicator of the ``servers`` server(s) and the workers not
+    ``dropped`` (of ``session``: a server's session, or the world), and the
+    workers' part of it (``COMM_NULL`` on a server); collective over those
+    ranks only, so a dropped worker need not take part."""
+    ranks = list(range(servers)) + [m + servers for m in range(rt.num_workers) if m not in dropped]
     group = session.Get_group().Incl(ranks)
     comm = session.Create_group(group, tag=CONTROL_TAG)
     group.Free()
@@ -261,7 +261,7 @@ class ServerSession:
                        # with a dropped worker the windows cannot be freed (that is collective with it)
                        self._free if not dropped else self._write_last_checkpoint)
         if self.model_params is not None:
-            self._take_every_slice()
+            self._take_every_slice(survivors(rt, rt.world, dropped, rt.servers)[0] if dropped else rt.world)
         self._report()
         if server.stopped_at is not None:
             saved = f"checkpoint {self.last_checkpoint}" if self.last_checkpoint else \
@@ -276,12 +276,12 @@ class ServerSession:
                                           f"{stall_timeout_seconds():g} s (HVD_DCASGD_STALL_TIMEOUT); the other "
                                           f"workers finished; ending the job with status {WORKER_DROPPED}.")
 
-    def _take_every_slice(self) -> None:
+    def _take_every_slice(self, world: Any) -> None:
         """With several servers: the whole model's final weights, from the
-        first worker (which put every server's slice together), into this
-        server's model."""
+        first worker still there (which put every server's slice together),
+        into this server's model; over ``world``, every rank still there."""
         full = torch.empty(sum(p.numel() for p in self.model_params), dtype=self.server.weights.dtype)
-        broadcast_(self.rt.world, [full], root=self.rt.servers)
+        broadcast_(world, [full], root=self.rt.servers)
         offset = 0
         with torch.no_grad():
             for p in self.model_params:
@@ -385,12 +385,16 @@ class WorkerSession:
             channel.leave()
         for channel in channels:
             channel.wait_closed()
-        dropped = channels[0].dropped_workers()  # several servers never drop (refused up front)
-        if dropped:
-            comm, workers = survivors(self.rt, self.comms[0], dropped)
-            combine_buffers(self.rt.mpi, workers, self.buffers)
-            final_exchange(comm, list(self.extras.values()), self.worker.weights, None, lambda: None)
-            self.rt.ending = lambda: end_without_dropped(self.rt, comm, "")
+        dropped = sorted({m for channel in channels for m in channel.dropped_workers()})
+        if dropped:  # every server dropped the same workers
+            ends = [survivors(self.rt, comm, dropped) for comm in self.comms]
+            combine_buffers(self.rt.mpi, ends[0][1], self.buffers)
+            for (comm, _), (start, end) in zip(ends, self.worker.slices):
+                final_exchange(comm, list(self.extras.values()), self.worker.weights[start:end], None, lambda: None)
+            if len(ends) > 1:
+                world = survivors(self.rt, self.rt.world, dropped, self.rt.servers)[0]
+                broadcast_(world, [self.worker.weights], root=self.rt.servers)
+            self.rt.ending = lambda: end_without_dropped(self.rt, ends[0][0], "")
             state = None
         else:
             combine_buffers(self.rt.mpi, self.rt.workers, self.buffers)

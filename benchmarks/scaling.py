@@ -18,7 +18,9 @@ pushes as fast as one server applies its slice:
   the workers wait somewhat longer, which this bound leaves out).
 
 The measured figures come from the generated sections of
-``docs/PERFORMANCE.md``; the assumed ones are named in the table.  Writes its
+``docs/PERFORMANCE.md`` and, for a GPU server, from ``check_cuda.py``'s
+output on an H200 (``docs/results/check_cuda-h200.txt``); the assumed ones
+are named on the page.  Writes its
 section of ``docs/SCALING.md`` with ``--markdown``.
 
     python benchmarks/scaling.py [--markdown docs/SCALING.md]
@@ -37,6 +39,7 @@ import docs_section
 
 ROOT = Path(__file__).resolve().parent.parent
 PERFORMANCE = ROOT / "docs" / "PERFORMANCE.md"
+GPU = ROOT / "docs" / "results" / "check_cuda-h200.txt"
 BYTES = 4  # float32
 
 #: Assumed: the cluster of the question (25 GB/s links), a 25M-parameter model
@@ -52,7 +55,8 @@ SERVERS = (1, 2, 4, 8)
 class Measured:
     """What ``docs/PERFORMANCE.md`` measured on this machine."""
 
-    apply: Dict[str, float]  # seconds per parameter per update, by mode (plain SGD)
+    apply: Dict[str, float]  # seconds per parameter per update, by mode (plain SGD), a CPU server
+    gpu_apply: Dict[str, float]  # the same on a GPU server (staged through host memory); empty if not measured
     bandwidth: Dict[str, float]  # bytes/s of one Put + Get round trip, by path
     end_to_end: float  # updates/s of ASGD, 4 workers, 1M parameters, Horovod off
     end_to_end_parameters: int
@@ -87,7 +91,16 @@ def measured(text: str) -> Measured:
     end_section = _section(text, "bench_end_to_end.py")
     numel = int(float(re.search(r"([\d.]+)M float32 parameters", end_section).group(1)) * 1e6)
     asgd = next(row for row in _rows(end_section) if row[0].startswith("`none`"))
-    return Measured(apply, bandwidth, float(asgd[4]), numel)
+    return Measured(apply, gpu(GPU.read_text() if GPU.exists() else ""), bandwidth, float(asgd[4]), numel)
+
+
+def gpu(text: str) -> Dict[str, float]:
+    """Seconds per parameter per update of a GPU server, by mode (plain SGD), from check_cuda.py's output."""
+    size = re.search(r"update of ([\d.]+)M float32 parameters, device cuda", text)
+    if not size:
+        return {}
+    return {mode: float(ms) / 1e3 / (float(size.group(1)) * 1e6)
+            for mode, ms in re.findall(r"server\.apply, SGD, (\w+) +([\d.]+) ms", text)}
 
 
 def server_rate(c: float, parameters: int, servers: int, link: float) -> Tuple[float, str]:
@@ -112,14 +125,17 @@ def predict(c: float, workers: int, servers: int, parameters: int = PARAMETERS, 
 
 def report(m: Measured) -> List[str]:
     lines = ["Measured here (the generated tables of [PERFORMANCE.md](PERFORMANCE.md)):", ""]
-    lines += [f"- apply time per parameter per update, `{mode}` with SGD, CPU: {c * 1e9:.3f} ns"
-              for mode, c in sorted(m.apply.items()) if mode in ("none", "adaptive")]
+    servers = {"CPU": m.apply, "GPU": m.gpu_apply} if m.gpu_apply else {"CPU": m.apply}
+    lines += [f"- apply time per parameter per update, `{mode}` with SGD, {kind} server: {c[mode] * 1e9:.3f} ns"
+              + (" (this machine's 2 cores)" if kind == "CPU" else " (an H200, the model staged through host "
+                 "memory: docs/results/check_cuda-h200.txt)")
+              for kind, c in servers.items() for mode in ("none", "adaptive")]
     lines += [f"- one-sided round trip (Put + Get) bandwidth, {path}: {bw / 1e9:.2f} GB/s"
               for path, bw in m.bandwidth.items()]
     lines += ["", f"Assumed: links of {LINK / 1e9:g} GB/s, a model of {PARAMETERS / 1e6:g}M float32 parameters, "
-                  f"a worker's compute time of {STEP_SECONDS * 1e3:g} ms per step (a GPU), and the server's apply "
-                  "time per parameter measured here (a 2-core CPU: a server node with more memory bandwidth "
-                  "applies faster, so the apply-bound figures are a floor).", ""]
+                  f"a worker's compute time of {STEP_SECONDS * 1e3:g} ms per step (a GPU), and that a CPU server "
+                  "applies as fast as this 2-core machine (a server node with more memory bandwidth applies "
+                  "faster, so its apply-bound figures are a floor).", ""]
     shm = m.bandwidth.get("shared memory (osc sm)")
     if shm:
         here, bound = predict(m.apply["none"], 4, 1, m.end_to_end_parameters, 0.0, shm)
@@ -127,23 +143,24 @@ def report(m: Measured) -> List[str]:
                   f"no compute: the model gives {here:.0f} updates/s ({bound}-bound, at the shared-memory "
                   f"bandwidth); measured {m.end_to_end:.0f} (the workers and the server share 2 cores, which "
                   "the model leaves out).", ""]
-    header = ["mode", "workers", "servers", "workers ask (pushes/s)", "servers take (pushes/s)",
-              "predicted updates/s", "bound"]
+    lines += ["Predicted updates/s (and what bounds them: the workers, or the servers' apply time or link):", ""]
+    cases = [(kind, mode) for kind in servers for mode in ("none", "adaptive")]
+    header = ["workers", "servers", "workers ask (pushes/s)",
+              *(f"`{mode}`, {kind} servers" for kind, mode in cases)]
     rows = []
-    for mode in ("none", "adaptive"):
-        for workers in WORKERS:
-            for servers in SERVERS:
-                asked = demand(workers, STEP_SECONDS, PARAMETERS, LINK)
-                ceiling, _ = server_rate(m.apply[mode], PARAMETERS, servers, LINK)
-                rate, bound = predict(m.apply[mode], workers, servers)
-                rows.append([f"`{mode}`", str(workers), str(servers), f"{asked:.0f}", f"{ceiling:.0f}",
-                             f"{rate:.0f}", bound])
+    for workers in WORKERS:
+        for count in SERVERS:
+            asked = demand(workers, STEP_SECONDS, PARAMETERS, LINK)
+            cells = []
+            for kind, mode in cases:
+                rate, bound = predict(servers[kind][mode], workers, count)
+                cells.append(f"{rate:.0f} ({bound})")
+            rows.append([str(workers), str(count), f"{asked:.0f}", *cells])
     lines += docs_section.table(header, rows) + [""]
-    for mode in ("none", "adaptive"):
-        for workers in WORKERS:
-            enough = fewest_servers(m.apply[mode], workers)
-            lines.append(f"- `{mode}`, {workers} workers: {enough} server(s) keep up with the workers "
-                         f"(the fewest whose ceiling is at least what the workers ask).")
+    for kind, mode in cases:
+        enough = ", ".join(f"{fewest_servers(servers[kind][mode], workers)} for {workers} workers"
+                           for workers in WORKERS)
+        lines.append(f"- `{mode}` on {kind} servers: the fewest servers that take every push: {enough}.")
     return lines
 
 

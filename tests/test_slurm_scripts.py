@@ -144,7 +144,9 @@ def test_the_script_given_arguments_runs_them(stand_ins):
 
 
 @pytest.mark.parametrize("env,sentence", [
-    ({"SLURM_NTASKS": "1"}, "needs at least 2 tasks (a server and a worker), got 1."),
+    ({"SLURM_NTASKS": "1"}, "needs more tasks than servers (1), so that there is a worker; got 1."),
+    ({"SLURM_NTASKS": "3", "HVD_DCASGD_SERVERS": "3"}, "needs more tasks than servers (3), so that there is a worker; got 3."),
+    ({"HVD_DCASGD_SERVERS": "two"}, "HVD_DCASGD_SERVERS must be a whole number >= 1, not 'two'."),
     ({"HVD_DCASGD_LAUNCHER": "ssh"}, "HVD_DCASGD_LAUNCHER must be srun or mpirun, not 'ssh'."),
     ({"HVD_DCASGD_VENV": "/nowhere"}, "no Python at /nowhere/bin/python"),
 ])

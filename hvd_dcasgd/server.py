@@ -88,7 +88,7 @@ class ParameterServer:
             p.data = weight
             p.grad = grad if p.requires_grad else None  # torch's optimizers skip frozen parameters
         self.messages = [PushMessage(layout, wire_dtype, mailboxes.inbox(m)) for m in range(num_workers)]
-        telemetry.note_sizes(self.messages[0].nbytes, mailboxes.outbox_bytes)
+        telemetry.note_sizes(self.messages[0].nbytes, mailboxes.outbox(0).numel())
         self.outboxes = [mailboxes.outbox(m).view(layout.dtype) for m in range(num_workers)]
         if staged if staged is not None else device.type != "cpu":
             self.staging: Optional[Staging] = Staging(layout.numel, wire_dtype, layout.dtype, device)

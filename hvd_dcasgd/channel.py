@@ -211,7 +211,7 @@ class ServerChannel:
         self.control = control
         self.mailboxes = mailboxes
         self.num_workers = num_workers
-        self.answered = np.zeros(num_workers, dtype=np.int64)
+        self.answered = [0] * num_workers
         self.dropped = [False] * num_workers
         self.stop_asked = False  # a worker asked to stop (its STOP word)
         self._words = np.empty(control.count, dtype=np.int64)
@@ -225,16 +225,20 @@ class ServerChannel:
         inboxes read next hold what was flushed before the flags.
         """
         self._heartbeat()
-        words = self.control.load_all(self._words)
-        per_worker = words[:-GLOBAL_WORDS].reshape(self.num_workers, WORDS_PER_WORKER)
+        words = self.control.load_all(self._words).tolist()  # a few words: Python beats numpy's per-call cost
         self.stop_asked = self.stop_asked or bool(words[STOP])
-        pushed = per_worker[:, PUSHED]
-        if np.any(pushed > self.answered + 1):
-            raise HvdDcasgdError(f"hvd_dcasgd: protocol violation, pushes {pushed} answered {self.answered}")
-        ready = [int(j) for j in np.flatnonzero(pushed > self.answered) if not self.dropped[j]]
+        pushed = words[PUSHED:-GLOBAL_WORDS:WORDS_PER_WORKER]
+        answered = self.answered
+        ready = []
+        for j, count in enumerate(pushed):
+            if count > answered[j]:
+                if count > answered[j] + 1:
+                    raise HvdDcasgdError(f"hvd_dcasgd: protocol violation, pushes {pushed} answered {answered}")
+                if not self.dropped[j]:
+                    ready.append(j)
         if ready:
             self.mailboxes.sync()
-        return ready, [bool(x) or d for x, d in zip(per_worker[:, LEFT], self.dropped)]
+        return ready, [bool(x) or d for x, d in zip(words[LEFT:-GLOBAL_WORDS:WORDS_PER_WORKER], self.dropped)]
 
     def _heartbeat(self) -> None:
         now = time.monotonic()

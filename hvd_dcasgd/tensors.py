@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import numpy as np
@@ -16,7 +17,7 @@ def all_finite(t: torch.Tensor) -> bool:
     """True when ``t`` holds no NaN or Inf.  A sum is a fast test (NaN and Inf
     propagate); only when it is not finite -- a NaN, an Inf, or a sum that
     merely overflowed -- is every element checked."""
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+    return math.isfinite(t.sum().item()) or bool(torch.isfinite(t).all())
 
 
 def copy_checked_(dst: torch.Tensor, src: torch.Tensor) -> bool:

@@ -99,6 +99,7 @@ class ControlWords:
         comm.Barrier()
         self._operand = np.zeros(1, dtype=np.int64)
         self._result = np.zeros(1, dtype=np.int64)
+        self._zeros = np.zeros(count, dtype=np.int64)  # the operand of load_all's NO_OP
 
     def _fetch_and_op(self, index: int, value: int, op: Any) -> int:
         self._operand[0] = value
@@ -121,8 +122,7 @@ class ControlWords:
     def load_all(self, out: Optional[np.ndarray] = None) -> np.ndarray:
         """Atomically (element-wise) read every word with one ``Get_accumulate``."""
         out = np.empty(self.count, dtype=np.int64) if out is None else out
-        operand = np.zeros(self.count, dtype=np.int64)
-        self.win.Get_accumulate(operand, out, self.owner, op=self._mpi.NO_OP)
+        self.win.Get_accumulate(self._zeros, out, self.owner, op=self._mpi.NO_OP)
         self.win.Flush(self.owner)
         return out
 

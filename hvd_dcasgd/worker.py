@@ -95,6 +95,8 @@ class Worker:
     def per_server(self, pieces: List[Tuple[int, np.ndarray]]) -> List[List[Tuple[int, np.ndarray]]]:
         """The message's ``(offset, bytes)`` pieces as each server's inbox
         holds them: the learning rates, then its slice of the gradient."""
+        if len(self._shard_spans) == 1:  # one server: its inbox holds the whole message
+            return [pieces]
         header = self.message.header_bytes
         shards = []
         for start, end in self._shard_spans:
@@ -108,6 +110,7 @@ class Worker:
                     own.append((header + lo - start, data[lo - offset:hi - offset]))
             shards.append(own)
         return shards
+
     def pack(self) -> List[Tuple[int, np.ndarray]]:
         """The message as ``(offset, bytes)`` pieces: learning rates and small
         gradients (zeros where a parameter has none) copied into the
@@ -163,9 +166,11 @@ class Worker:
 
     def load_weights(self) -> None:
         """Copy the weights last received into the model's parameters."""
-        with torch.no_grad():
-            for p, view in zip(self.params, self.weight_views):
-                if p.data_ptr() != view.data_ptr():  # not (or no longer) a view of the buffer
+        apart = [(p, view) for p, view in zip(self.params, self.weight_views)
+                 if p.data_ptr() != view.data_ptr()]  # not (or no longer) views of the buffer
+        if apart:
+            with torch.no_grad():
+                for p, view in apart:
                     p.copy_(view)
 
     def exchange(self) -> None:

@@ -88,6 +88,7 @@ def launch(args) -> None:
     for _, (mode, horovod) in itertools.product(range(args.rounds), order):  # interleaved rounds
         figures = run_once(args, mode, horovod)
         runs.setdefault((mode, horovod), []).append((figures["updates_per_s"], figures["gradients_per_s"]))
+    paired = _paired_ratios(runs, settings) if args.rounds > 1 else []
     rates = {key: tuple(statistics.median(r[i] for r in rs) for i in range(2)) for key, rs in runs.items()}
     rounds = f", median of {args.rounds} interleaved rounds" if args.rounds > 1 else ""
     title = (f"end to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, "
@@ -100,6 +101,8 @@ def launch(args) -> None:
         print(f"  {mode:9s} {label} {updates:8.1f} updates/s  {gradients:8.1f} gradients/s  "
               f"ratio to raw {updates / raw:4.2f}  ratio to none (updates) {updates / rates['none', horovod][0]:4.2f}"
               + (f"  on/off {updates / rates[mode, '0'][0]:4.2f}" if horovod == "auto" else ""))
+    for line in paired:
+        print(f"  {line}")
     if args.markdown:
         header, rows = ["mode"], []
         for horovod in settings:
@@ -124,8 +127,26 @@ def launch(args) -> None:
         summary = (f"End to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, {args.steps} "
                    f"pushes per worker, {args.workers + 1} processes, one mpirun per run{rounds}. {note}")
         command = docs_section.command("bench_end_to_end.py", sys.argv[1:])
+        pairs = ["", "Each round's runs follow one another, so the ratios within a round are paired: their "
+                 "median over the rounds, and the smallest and largest, are"] if paired else []
         docs_section.write(args.markdown, "bench_end_to_end.py", command,
-                           [summary, "", *docs_section.table(header, rows)])
+                           [summary, "", *docs_section.table(header, rows), *pairs, *(f"- {line}" for line in paired)])
+
+
+def _paired_ratios(runs: dict, settings: tuple) -> list:
+    """Per-round ratios (ASGD to raw, each DC-ASGD mode to ASGD), as lines:
+    the median over the rounds and the range.  The machine's load drifts
+    between rounds; within one round the runs are back to back."""
+    def line(name: str, top: list, bottom: list) -> str:
+        ratios = sorted(t[0] / b[0] for t, b in zip(top, bottom))
+        return f"{name}: {statistics.median(ratios):.2f} [{ratios[0]:.2f}, {ratios[-1]:.2f}]"
+    lines = []
+    for horovod in settings:
+        label = "Horovod on" if horovod == "auto" else "Horovod off"
+        lines.append(line(f"ASGD / raw, {label}", runs["none", horovod], runs[RAW, "0"]))
+        for mode in ("constant", "adaptive"):
+            lines.append(line(f"{LABELS[mode]} / ASGD, {label}", runs[mode, horovod], runs["none", horovod]))
+    return lines
 
 
 def main() -> None:

@@ -141,8 +141,9 @@ def report(m: Measured) -> List[str]:
         here, bound = predict(m.apply["none"], 4, 1, m.end_to_end_parameters, 0.0, shm)
         lines += [f"Calibration on this machine: ASGD, 4 workers, {m.end_to_end_parameters / 1e6:g}M parameters, "
                   f"no compute: the model gives {here:.0f} updates/s ({bound}-bound, at the shared-memory "
-                  f"bandwidth); measured {m.end_to_end:.0f} (the workers and the server share 2 cores, which "
-                  "the model leaves out).", ""]
+                  f"bandwidth); measured {m.end_to_end:.0f}, {m.end_to_end / here:.2f} times the model (which "
+                  "leaves out that the workers and the server share the machine's cores, and takes the "
+                  "bandwidth of one transfer at a time).", ""]
     lines += ["Predicted updates/s (and what bounds them: the workers, or the servers' apply time or link):", ""]
     cases = [(kind, mode) for kind in servers for mode in ("none", "adaptive")]
     header = ["workers", "servers", "workers ask (pushes/s)",

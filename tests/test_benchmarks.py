@@ -139,3 +139,19 @@ def test_the_scaling_model_on_a_hand_computed_case_and_its_section(tmp_path):
     body = generate.sections(copy.read_text())["benchmarks/scaling.py"]
     assert "apply time per parameter per update, `none` with SGD, CPU server" in body, body
     assert "| 32 | 8 | 296 |" in body, body  # 32 workers of 100 ms + 8 ms of transfer each
+
+
+def test_end_to_end_ratios_are_paired_within_rounds():
+    """The ratio of a round is taken between the runs of that round: a
+    machine twice as fast in the second round changes no ratio."""
+    sys.path.insert(0, str(BENCH))
+    import bench_end_to_end
+
+    runs = {("raw", "0"): [(100.0, 100.0), (200.0, 200.0), (150.0, 150.0)],
+            ("none", "0"): [(90.0, 90.0), (180.0, 180.0), (120.0, 120.0)],
+            ("constant", "0"): [(81.0, 81.0), (144.0, 144.0), (108.0, 108.0)],
+            ("adaptive", "0"): [(45.0, 45.0), (180.0, 180.0), (108.0, 108.0)]}
+    lines = bench_end_to_end._paired_ratios(runs, ("0",))
+    assert lines == ["ASGD / raw, Horovod off: 0.90 [0.80, 0.90]",
+                     "DC-ASGD-c / ASGD, Horovod off: 0.90 [0.80, 0.90]",
+                     "DC-ASGD-a / ASGD, Horovod off: 0.90 [0.50, 1.00]"], lines

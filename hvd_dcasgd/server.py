@@ -343,12 +343,10 @@ class ParameterServer:
             if not answered or time.monotonic() - requests_at >= REQUESTS_INTERVAL:
                 between_polls()
                 requests_at = time.monotonic()
-            ready, left = self.channel.poll()
             if cuts is not None and not cuts.first:
-                for m in cuts.dropped():  # dropped by the first server
+                for m in cuts.dropped():  # dropped by the first server: the poll counts them as gone
                     self.channel.drop(m)
-                ready, left = [m for m in ready if not self.channel.dropped[m]], [
-                    x or d for x, d in zip(left, self.channel.dropped)]
+            ready, left = self.channel.poll()
             if watch is not None:
                 self._watch(watch, ready, left, timeout if cuts is None or cuts.first else None, cuts)
             stopping_now = False

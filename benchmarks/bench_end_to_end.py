@@ -20,15 +20,18 @@ import argparse
 import importlib.util
 import itertools
 import json
+import math
 import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import torch
 
 import docs_section
+from evidence.stats import t_quantile
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("none", "constant", "adaptive", "sync")
@@ -127,25 +130,48 @@ def launch(args) -> None:
         summary = (f"End to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, {args.steps} "
                    f"pushes per worker, {args.workers + 1} processes, one mpirun per run{rounds}. {note}")
         command = docs_section.command("bench_end_to_end.py", sys.argv[1:])
-        pairs = ["", "Each round's runs follow one another, so the ratios within a round are paired: their "
-                 "median over the rounds, and the smallest and largest, are"] if paired else []
+        pairs = ["", "Each round's runs follow one another, so the ratios within a round are paired. Over the "
+                 "rounds, each ratio's geometric mean with its 95% t interval, the median and the range, and "
+                 "against the target, whether the interval lies above it (met), below it (missed) or across "
+                 "it (not decided by this run):"] if paired else []
         docs_section.write(args.markdown, "bench_end_to_end.py", command,
                            [summary, "", *docs_section.table(header, rows), *pairs, *(f"- {line}" for line in paired)])
 
 
+#: The rates the server should reach, as ratios within a round: ASGD to the
+#: raw protocol, DC-ASGD-a to ASGD (DC-ASGD-c has none).
+TARGETS = {"ASGD / raw": 0.9, "DC-ASGD-a / ASGD": 0.9}
+
+
+def paired_ratio(top: list, bottom: list, target: Optional[float] = None) -> str:
+    """One ratio over the rounds, as a line: the geometric mean of the
+    per-round ratios with its 95% t interval (on their logarithms: a ratio
+    and its inverse are equally far from 1), the median and the range, and,
+    given a target, whether the interval lies above it, below it or across
+    it.  The machine's load drifts between rounds; within one round the runs
+    are back to back, so the ratio of a round is taken within it."""
+    ratios = sorted(t[0] / b[0] for t, b in zip(top, bottom))
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    half = t_quantile(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    line = (f"{math.exp(mean):.2f}, 95% interval [{low:.2f}, {high:.2f}] "
+            f"(median {statistics.median(ratios):.2f}, range {ratios[0]:.2f} to {ratios[-1]:.2f})")
+    if target is not None:
+        verdict = "met" if low >= target else "missed" if high < target else "not decided by this run"
+        line += f"; target {target:.2f}: {verdict}"
+    return line
+
+
 def _paired_ratios(runs: dict, settings: tuple) -> list:
-    """Per-round ratios (ASGD to raw, each DC-ASGD mode to ASGD), as lines:
-    the median over the rounds and the range.  The machine's load drifts
-    between rounds; within one round the runs are back to back."""
-    def line(name: str, top: list, bottom: list) -> str:
-        ratios = sorted(t[0] / b[0] for t, b in zip(top, bottom))
-        return f"{name}: {statistics.median(ratios):.2f} [{ratios[0]:.2f}, {ratios[-1]:.2f}]"
+    """Per-round ratios (ASGD to raw, each DC-ASGD mode to ASGD), as lines."""
     lines = []
     for horovod in settings:
         label = "Horovod on" if horovod == "auto" else "Horovod off"
-        lines.append(line(f"ASGD / raw, {label}", runs["none", horovod], runs[RAW, "0"]))
-        for mode in ("constant", "adaptive"):
-            lines.append(line(f"{LABELS[mode]} / ASGD, {label}", runs[mode, horovod], runs["none", horovod]))
+        pairs = [("ASGD / raw", runs["none", horovod], runs[RAW, "0"])]
+        pairs += [(f"{LABELS[mode]} / ASGD", runs[mode, horovod], runs["none", horovod])
+                  for mode in ("constant", "adaptive")]
+        lines += [f"{name}, {label}: {paired_ratio(top, bottom, TARGETS.get(name))}" for name, top, bottom in pairs]
     return lines
 
 

@@ -3,8 +3,10 @@ performance page: tiny sizes, into a temporary copy of docs/PERFORMANCE.md,
 no timing asserted."""
 
 import importlib.util
+import math
 import re
 import shutil
+import statistics
 import sys
 
 import pytest
@@ -143,15 +145,27 @@ def test_the_scaling_model_on_a_hand_computed_case_and_its_section(tmp_path):
 
 def test_end_to_end_ratios_are_paired_within_rounds():
     """The ratio of a round is taken between the runs of that round: a
-    machine twice as fast in the second round changes no ratio."""
+    machine twice as fast in the second round changes no ratio, so equal
+    ratios give an interval of width zero; ratios that vary give the
+    geometric mean with its 95% t interval, and the verdict on the target
+    follows where the interval lies."""
     sys.path.insert(0, str(BENCH))
     import bench_end_to_end
 
     runs = {("raw", "0"): [(100.0, 100.0), (200.0, 200.0), (150.0, 150.0)],
-            ("none", "0"): [(90.0, 90.0), (180.0, 180.0), (120.0, 120.0)],
+            ("none", "0"): [(95.0, 95.0), (190.0, 190.0), (142.5, 142.5)],
             ("constant", "0"): [(81.0, 81.0), (144.0, 144.0), (108.0, 108.0)],
-            ("adaptive", "0"): [(45.0, 45.0), (180.0, 180.0), (108.0, 108.0)]}
+            ("adaptive", "0"): [(47.5, 47.5), (190.0, 190.0), (114.0, 114.0)]}
     lines = bench_end_to_end._paired_ratios(runs, ("0",))
-    assert lines == ["ASGD / raw, Horovod off: 0.90 [0.80, 0.90]",
-                     "DC-ASGD-c / ASGD, Horovod off: 0.90 [0.80, 0.90]",
-                     "DC-ASGD-a / ASGD, Horovod off: 0.90 [0.50, 1.00]"], lines
+    assert lines[0] == ("ASGD / raw, Horovod off: 0.95, 95% interval [0.95, 0.95] "
+                        "(median 0.95, range 0.95 to 0.95); target 0.90: met"), lines
+    # DC-ASGD-c / ASGD: 0.85, 0.76, 0.76 -- no target, so no verdict
+    assert lines[1].startswith("DC-ASGD-c / ASGD, Horovod off: 0.79, 95% interval [") and "target" not in lines[1]
+    # DC-ASGD-a / ASGD: 0.5, 1.0, 0.8; geometric mean 0.737, t(0.975, 2) = 4.303
+    logs = [math.log(0.5), math.log(1.0), math.log(0.8)]
+    half = 4.302653 * statistics.stdev(logs) / math.sqrt(3)
+    low, high = (math.exp(statistics.fmean(logs) + s * half) for s in (-1, 1))
+    assert lines[2] == (f"DC-ASGD-a / ASGD, Horovod off: 0.74, 95% interval [{low:.2f}, {high:.2f}] "
+                        "(median 0.80, range 0.50 to 1.00); target 0.90: not decided by this run"), lines
+    below = bench_end_to_end.paired_ratio([(80.0, 0), (85.0, 0), (82.0, 0)], [(100.0, 0)] * 3, target=0.9)
+    assert below.endswith("target 0.90: missed"), below

@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 
 import docs_section
-from evidence.stats import t_quantile
+from evidence.stats import paired_difference
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("none", "constant", "adaptive", "sync")
@@ -151,11 +151,9 @@ def paired_ratio(top: list, bottom: list, target: Optional[float] = None) -> str
     it.  The machine's load drifts between rounds; within one round the runs
     are back to back, so the ratio of a round is taken within it."""
     ratios = sorted(t[0] / b[0] for t, b in zip(top, bottom))
-    logs = [math.log(r) for r in ratios]
-    mean = statistics.fmean(logs)
-    half = t_quantile(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    low, high = math.exp(mean - half), math.exp(mean + half)
-    line = (f"{math.exp(mean):.2f}, 95% interval [{low:.2f}, {high:.2f}] "
+    logs = paired_difference([math.log(t[0]) for t in top], [math.log(b[0]) for b in bottom])
+    low, high = (math.exp(bound) for bound in logs.t_interval)
+    line = (f"{math.exp(logs.mean):.2f}, 95% interval [{low:.2f}, {high:.2f}] "
             f"(median {statistics.median(ratios):.2f}, range {ratios[0]:.2f} to {ratios[-1]:.2f})")
     if target is not None:
         verdict = "met" if low >= target else "missed" if high < target else "not decided by this run"

@@ -169,3 +169,40 @@ def test_end_to_end_ratios_are_paired_within_rounds():
                         "(median 0.80, range 0.50 to 1.00); target 0.90: not decided by this run"), lines
     below = bench_end_to_end.paired_ratio([(80.0, 0), (85.0, 0), (82.0, 0)], [(100.0, 0)] * 3, target=0.9)
     assert below.endswith("target 0.90: missed"), below
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.usefixtures("horovod_required")
+def test_drop_in_accuracy_benchmark_runs_and_writes_its_section(tmp_path):
+    copy = tmp_path / "USAGE.md"
+    shutil.copyfile(ROOT / "docs" / "USAGE.md", copy)
+    page = (copy, copy.read_text())
+    argv = ["--workers", 2, "--rounds", 2, "--epochs", 1, "--markdown", copy]
+    result = python(BENCH / "drop_in_accuracy.py", *argv, timeout=600)
+    assert result.returncode == 0, result.stdout
+    assert len(re.findall(r"^round \d: plain Horovod 0\.\d+, none 0\.\d+, constant 0\.\d+, adaptive 0\.\d+, "
+                          r"sync 0\.\d+$", result.stdout, re.MULTILINE)) == 2, result.stdout
+    rows = _table(_section(page, "drop_in_accuracy.py", argv))
+    assert [row[0].split()[0] for row in rows] == [f"`{m}`" for m in MODES], rows
+    assert rows[-1][2:] == ["+0.00 [+0.00, +0.00]", "+0.00", "met"], rows  # sync is plain Horovod's algorithm
+
+
+def test_drop_in_accuracy_is_a_paired_difference_with_a_verdict_on_the_margin():
+    """Differences of each round from plain Horovod's run in that round, in
+    points; the interval is the 95% t interval by hand; met, missed and not
+    decided follow where it lies against -3 points."""
+    sys.path.insert(0, str(BENCH))
+    import drop_in_accuracy
+
+    plain = [0.95, 0.96, 0.95]
+    rows = drop_in_accuracy.rows(plain, {"none": [0.96, 0.94, 0.95], "constant": [0.90, 0.92, 0.90],
+                                         "sync": plain})
+    differences = [1.0, -2.0, 0.0]
+    half = 4.302653 * statistics.stdev(differences) / math.sqrt(3)
+    mean = statistics.fmean(differences)
+    assert rows[0] == ["`none` (ASGD)", "95.00%", f"{mean:+.2f} [{mean - half:+.2f}, {mean + half:+.2f}]",
+                       "-2.00", "not decided by this run"], rows
+    assert rows[1][3:] == ["-5.00", "missed"], rows  # -5, -4, -5 points: the interval lies below -3
+    assert rows[2][2:] == ["+0.00 [+0.00, +0.00]", "+0.00", "met"], rows
+    assert drop_in_accuracy.final_accuracy("Accuracy: 10.00%\n...Accuracy: 96.94%") == pytest.approx(0.9694)

@@ -1,0 +1,131 @@
+"""The unchanged Horovod script against plain Horovod: final test accuracy.
+
+``examples/pytorch_digits_horovod.py`` is Horovod's PyTorch MNIST example on
+scikit-learn's digits, with the learning rate scaled by ``hvd.size()`` as
+Horovod's docs tell every user to write; ``examples/pytorch_digits.py`` is the
+same script with its import changed.  Each round runs plain Horovod on W
+workers, then the drop-in script in every mode on W workers and a server, back
+to back.  A mode's final test accuracy (the last one worker 0 prints) minus
+plain Horovod's in the same round is one paired difference.  Over the rounds
+the table shows each mode's mean difference with its 95% t interval, its
+worst single run, and whether the interval lies above the margin (within it:
+met), below it (missed) or across it (not decided by this run).
+
+The asynchronous modes are not deterministic (the order of the pushes is the
+machines' timing), so a single run says little: on digits one epoch's test
+accuracy can move by several points.  Plain Horovod and ``sync`` are seeded
+and repeat exactly.
+
+    python benchmarks/drop_in_accuracy.py [--workers 4] [--rounds 12] [--markdown docs/USAGE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import statistics
+import sys
+from pathlib import Path
+
+import docs_section
+from evidence.stats import paired_difference
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAIN = ROOT / "examples" / "pytorch_digits_horovod.py"
+DROP_IN = ROOT / "examples" / "pytorch_digits.py"
+MODES = ("none", "constant", "adaptive", "sync")
+LABELS = {"none": "ASGD", "constant": "DC-ASGD-c", "adaptive": "DC-ASGD-a", "sync": "SSGD"}
+#: How far below plain Horovod's accuracy a mode may end on average (a fraction).
+MARGIN = 0.03
+
+
+def final_accuracy(output: str) -> float:
+    """The last test accuracy worker 0 printed, as a fraction."""
+    found = re.findall(r"Accuracy: ([0-9.]+)%", output)
+    if not found:
+        raise ValueError(f"no test accuracy in the output:\n{output[-3000:]}")
+    return float(found[-1]) / 100
+
+
+def run_once(args, script: Path, ranks: int, mode: str = "") -> float:
+    """One mpirun of ``script``: its final test accuracy."""
+    from hvd_dcasgd.process import run_command
+
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    if mode:
+        env["HVD_DCASGD_COMPENSATION"] = mode
+    cmd = ["mpirun", *root, "--oversubscribe", "-np", str(ranks), sys.executable, str(script),
+           "--epochs", str(args.epochs)]
+    out = run_command(cmd, timeout=args.timeout, env=env)
+    if out.returncode != 0:
+        sys.exit(f"{script.name} {mode} failed{' (timed out)' if out.timed_out else ''}:\n{out.stdout[-4000:]}")
+    return final_accuracy(out.stdout)
+
+
+def verdict(interval: tuple, floor: float) -> str:
+    """Met when the whole interval lies at or above ``floor``, missed when it
+    lies below, otherwise not decided by this run."""
+    low, high = interval
+    return "met" if low >= floor else "missed" if high < floor else "not decided by this run"
+
+
+def rows(plain: list, ours: dict) -> list:
+    """One row per mode: mean accuracy, the mean difference from plain
+    Horovod with its 95% interval, the worst run and the verdict."""
+    table = []
+    for mode, accuracies in ours.items():
+        difference = paired_difference(accuracies, plain)
+        low, high = difference.t_interval
+        worst = min(a - p for a, p in zip(accuracies, plain))
+        table.append([f"`{mode}` ({LABELS[mode]})", f"{100 * statistics.mean(accuracies):.2f}%",
+                      f"{100 * difference.mean:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]",
+                      f"{100 * worst:+.2f}", verdict((low, high), -MARGIN)])
+    return table
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=12, help="run every script this many times, interleaved")
+    parser.add_argument("--epochs", type=int, default=10, help="the examples' own default")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds for each mpirun")
+    parser.add_argument("--markdown", metavar="PATH", help="also write this benchmark's section of PATH "
+                        "(docs/USAGE.md)")
+    args = parser.parse_args()
+    if importlib.util.find_spec("horovod") is None:
+        sys.exit("drop_in_accuracy.py compares with plain Horovod, which is not installed: "
+                 "`bash .ci/setup.sh` builds it")
+    if args.rounds < 2:
+        sys.exit(f"--rounds {args.rounds}: an interval needs at least 2 rounds")
+    plain, ours = [], {mode: [] for mode in MODES}
+    for number in range(1, args.rounds + 1):
+        plain.append(run_once(args, PLAIN, args.workers))
+        for mode in MODES:
+            ours[mode].append(run_once(args, DROP_IN, args.workers + 1, mode))
+        print(f"round {number}: plain Horovod {plain[-1]:.4f}, "
+              + ", ".join(f"{mode} {ours[mode][-1]:.4f}" for mode in MODES), flush=True)
+    header = ["mode", "mean final accuracy", "minus Horovod's, points: mean [95% interval]", "worst run",
+              f"within {100 * MARGIN:g} points"]
+    table = rows(plain, ours)
+    print(f"plain Horovod: mean final accuracy {100 * statistics.mean(plain):.2f}% "
+          f"(range {100 * min(plain):.2f} to {100 * max(plain):.2f})")
+    for row in table:
+        print("  " + "  ".join(row))
+    if args.markdown:
+        summary = (f"{args.workers} workers, {args.epochs} epochs, {args.rounds} rounds; in each round plain "
+                   f"Horovod (`{PLAIN.relative_to(ROOT)}`) and the drop-in script "
+                   f"(`{DROP_IN.relative_to(ROOT)}`, one rank more) in every mode, one mpirun each, so the "
+                   f"differences are paired within a round. Plain Horovod's mean final accuracy "
+                   f"{100 * statistics.mean(plain):.2f}% (range {100 * min(plain):.2f} to "
+                   f"{100 * max(plain):.2f}).")
+        command = docs_section.command("drop_in_accuracy.py", sys.argv[1:])
+        docs_section.write(args.markdown, "drop_in_accuracy.py", command,
+                           [summary, "", *docs_section.table(header, table)])
+
+
+if __name__ == "__main__":
+    main()

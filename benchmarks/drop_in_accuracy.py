@@ -108,7 +108,7 @@ def main() -> None:
             ours[mode].append(run_once(args, DROP_IN, args.workers + 1, mode))
         print(f"round {number}: plain Horovod {plain[-1]:.4f}, "
               + ", ".join(f"{mode} {ours[mode][-1]:.4f}" for mode in MODES), flush=True)
-    header = ["mode", "mean final accuracy", "minus Horovod's, points: mean [95% interval]", "worst run",
+    header = ["mode", "mean final accuracy", "minus Horovod's, points: mean [95% interval]", "worst run, points",
               f"within {100 * MARGIN:g} points"]
     table = rows(plain, ours)
     print(f"plain Horovod: mean final accuracy {100 * statistics.mean(plain):.2f}% "

@@ -31,9 +31,9 @@ from typing import Optional
 import torch
 
 import docs_section
-from evidence.stats import paired_difference
+from evidence.stats import paired_difference, verdict
+from jobs import child_env, mpirun
 
-ROOT = Path(__file__).resolve().parent.parent
 MODES = ("none", "constant", "adaptive", "sync")
 RAW = "raw"  # the raw RMA protocol (raw_rma.py), run with the integration off
 LABELS = {"none": "ASGD", "constant": "DC-ASGD-c", "adaptive": "DC-ASGD-a",
@@ -70,14 +70,10 @@ def run_once(args, mode: str, horovod: str, servers: int = 1) -> dict:
     figures (``HVD_DCASGD_SUMMARY``; with several servers, the merged ones)."""
     from hvd_dcasgd.process import run_command
 
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory() as scratch:
         summary = Path(scratch) / "summary.json"
-        cmd = ["mpirun", *root, "--oversubscribe", "-np", str(args.workers + servers), sys.executable, __file__,
-               "--run", mode, "--numel", str(args.numel), "--steps", str(args.steps)]
-        env = {**os.environ, "PYTHONPATH": path, "HVD_DCASGD_HOROVOD": horovod, "HVD_DCASGD_SUMMARY": str(summary),
-               "HVD_DCASGD_SERVERS": str(servers)}
+        cmd = mpirun(args.workers + servers, __file__, "--run", mode, "--numel", args.numel, "--steps", args.steps)
+        env = child_env(HVD_DCASGD_HOROVOD=horovod, HVD_DCASGD_SUMMARY=str(summary), HVD_DCASGD_SERVERS=str(servers))
         out = run_command(cmd, timeout=args.timeout, env=env)
         if out.returncode != 0 or not summary.exists():
             sys.exit(f"{mode} on {servers} server(s) failed{' (timed out)' if out.timed_out else ''}:\n{out.stdout}")
@@ -156,8 +152,7 @@ def paired_ratio(top: list, bottom: list, target: Optional[float] = None) -> str
     line = (f"{math.exp(logs.mean):.2f}, 95% interval [{low:.2f}, {high:.2f}] "
             f"(median {statistics.median(ratios):.2f}, range {ratios[0]:.2f} to {ratios[-1]:.2f})")
     if target is not None:
-        verdict = "met" if low >= target else "missed" if high < target else "not decided by this run"
-        line += f"; target {target:.2f}: {verdict}"
+        line += f"; target {target:.2f}: {verdict((low, high), target)}"
     return line
 
 

@@ -31,14 +31,13 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
 import docs_section
+from jobs import child_env, mpirun
 
-ROOT = Path(__file__).resolve().parent.parent
 #: The Open MPI paths compared: name, mpirun arguments, extra environment
 #: (osc/pt2pt refuses MPI_THREAD_MULTIPLE, so Horovod's integration is off there).
 PATHS = (
@@ -152,13 +151,10 @@ def launch(args) -> None:
     """Run :func:`measure` under mpirun once per path; print (and write) one table."""
     from hvd_dcasgd.process import run_command
 
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     results = {}
     for name, mca, env in PATHS:
-        cmd = ["mpirun", *root, "--oversubscribe", "-np", "2", *mca, sys.executable, __file__,
-               "--numel", str(args.numel), "--repeats", str(args.repeats), "--json"]
-        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        out = run_command(cmd, timeout=args.timeout, env={**os.environ, "PYTHONPATH": path, **env})
+        cmd = mpirun(2, __file__, "--numel", args.numel, "--repeats", args.repeats, "--json", mca=mca)
+        out = run_command(cmd, timeout=args.timeout, env=child_env(**env))
         lines = [line for line in out.stdout.splitlines() if line.startswith("FIGURES ")]
         if out.returncode != 0 or not lines:
             sys.exit(f"{name} failed{' (timed out)' if out.timed_out else ''}: {' '.join(cmd)}\n{out.stdout}")

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import re
 import statistics
 import sys
 from pathlib import Path
 
 import docs_section
-from evidence.stats import paired_difference
+from evidence.stats import paired_difference, verdict
+from jobs import child_env, mpirun
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAIN = ROOT / "examples" / "pytorch_digits_horovod.py"
@@ -53,24 +53,11 @@ def run_once(args, script: Path, ranks: int, mode: str = "") -> float:
     """One mpirun of ``script``: its final test accuracy."""
     from hvd_dcasgd.process import run_command
 
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path}
-    if mode:
-        env["HVD_DCASGD_COMPENSATION"] = mode
-    cmd = ["mpirun", *root, "--oversubscribe", "-np", str(ranks), sys.executable, str(script),
-           "--epochs", str(args.epochs)]
-    out = run_command(cmd, timeout=args.timeout, env=env)
+    env = child_env(HVD_DCASGD_COMPENSATION=mode) if mode else child_env()
+    out = run_command(mpirun(ranks, script, "--epochs", args.epochs), timeout=args.timeout, env=env)
     if out.returncode != 0:
         sys.exit(f"{script.name} {mode} failed{' (timed out)' if out.timed_out else ''}:\n{out.stdout[-4000:]}")
     return final_accuracy(out.stdout)
-
-
-def verdict(interval: tuple, floor: float) -> str:
-    """Met when the whole interval lies at or above ``floor``, missed when it
-    lies below, otherwise not decided by this run."""
-    low, high = interval
-    return "met" if low >= floor else "missed" if high < floor else "not decided by this run"
 
 
 def rows(plain: list, ours: dict) -> list:
@@ -111,17 +98,16 @@ def main() -> None:
     header = ["mode", "mean final accuracy", "minus Horovod's, points: mean [95% interval]", "worst run, points",
               f"within {100 * MARGIN:g} points"]
     table = rows(plain, ours)
-    print(f"plain Horovod: mean final accuracy {100 * statistics.mean(plain):.2f}% "
-          f"(range {100 * min(plain):.2f} to {100 * max(plain):.2f})")
+    reference = (f"mean final accuracy {100 * statistics.mean(plain):.2f}% "
+                 f"(range {100 * min(plain):.2f} to {100 * max(plain):.2f})")
+    print(f"plain Horovod: {reference}")
     for row in table:
         print("  " + "  ".join(row))
     if args.markdown:
         summary = (f"{args.workers} workers, {args.epochs} epochs, {args.rounds} rounds; in each round plain "
                    f"Horovod (`{PLAIN.relative_to(ROOT)}`) and the drop-in script "
                    f"(`{DROP_IN.relative_to(ROOT)}`, one rank more) in every mode, one mpirun each, so the "
-                   f"differences are paired within a round. Plain Horovod's mean final accuracy "
-                   f"{100 * statistics.mean(plain):.2f}% (range {100 * min(plain):.2f} to "
-                   f"{100 * max(plain):.2f}).")
+                   f"differences are paired within a round. Plain Horovod's {reference}.")
         command = docs_section.command("drop_in_accuracy.py", sys.argv[1:])
         docs_section.write(args.markdown, "drop_in_accuracy.py", command,
                            [summary, "", *docs_section.table(header, table)])

@@ -41,10 +41,11 @@ from typing import Dict, List
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path[:0] = [str(HERE), str(ROOT)]  # this tree's tasks and package, in this process and the simulator's
+sys.path[:0] = [str(HERE), str(HERE.parent), str(ROOT)]  # tasks, benchmarks' helpers, package: here and in the simulator
 
 from hvd_dcasgd.errors import HvdDcasgdError  # noqa: E402
 from hvd_dcasgd.process import CommandResult, run_command  # noqa: E402
+from jobs import child_env, mpirun  # noqa: E402
 from plan import JITTER, METHODS, SCALES, SLOWDOWN, Run, Scale, key_of, plan  # noqa: E402
 from records import empty, load, retire, save, succeeded  # noqa: E402
 from tasks import TASKS  # noqa: E402
@@ -163,16 +164,6 @@ def mpi_run(spec: Dict, work: Path) -> Dict:
             counts[s] = counts.get(s, 0) + 1
         record["staleness"] = {str(s): n for s, n in sorted(counts.items())}
     return record
-
-
-def mpirun(ranks: int, *args) -> List[str]:
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return ["mpirun", *root, "--oversubscribe", "-np", str(ranks), sys.executable, *map(str, args)]
-
-
-def child_env() -> Dict[str, str]:
-    """This environment, with this tree's package first on the path."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def last_lines(result: CommandResult, timeout: float) -> List[str]:

@@ -231,6 +231,13 @@ def paired_difference(a: Sequence[float], b: Sequence[float], *, confidence: flo
                       sign_p=sign_test_p(differences), wilcoxon_p=wilcoxon, p=wilcoxon)
 
 
+def verdict(interval: Tuple[float, float], target: float) -> str:
+    """Against ``target``: met when the whole interval lies at or above it,
+    missed when it lies below, otherwise not decided by this run."""
+    low, high = interval
+    return "met" if low >= target else "missed" if high < target else "not decided by this run"
+
+
 # --- multiple comparisons ------------------------------------------------------------
 def holm(p_values: Sequence[float]) -> List[float]:
     """Holm-Bonferroni adjusted p-values, in the input order.

@@ -45,7 +45,6 @@ _EXPORTS: Dict[str, str] = {
     **dict.fromkeys(["init", "is_initialized", "is_server", "local_rank", "local_size", "rank", "shutdown", "size"],
                     "runtime"),
     "simulate": "simulator",
-    "update_": "update",
 }
 
 #: Horovod's submodules by the names scripts reach them with, and ours.

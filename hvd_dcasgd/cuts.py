@@ -26,9 +26,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Cuts"]
+from .tags import CUT as CUT_TAG, DROP as DROP_TAG, END as END_TAG, STOP as STOP_TAG
 
-CUT_TAG, END_TAG, STOP_TAG, DROP_TAG = 7311, 7312, 7313, 7314
+__all__ = ["Cuts"]
 
 
 class Cuts:

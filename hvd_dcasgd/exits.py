@@ -28,13 +28,11 @@ import traceback
 from typing import Any, Callable, Optional
 
 from .errors import HvdDcasgdError
+from .tags import DEPARTURE as DEPARTURE_TAG
 
 PREEMPTED = 75
 WORKER_DROPPED = 69
 SERVER_SILENT = 68
-
-#: The tag of a departure notice (on the runtime's ``world`` communicator).
-DEPARTURE_TAG = 7302
 
 
 def flush() -> None:

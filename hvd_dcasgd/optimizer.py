@@ -117,7 +117,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         the model is brought to the server's weights of the same moment (a
         pull), so ``model.state_dict()`` and this belong together."""
         if self._session is not None and not self._session.finished:
-            return self._session.snapshot()
+            return self._session.optimizer_state_with_weights()
         return super(self.__class__, self).state_dict()
 
     def load_state_dict(self, state_dict) -> None:

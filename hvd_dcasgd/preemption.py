@@ -2,7 +2,8 @@
 
 SLURM's ``scancel`` and preemption send SIGTERM, ``sbatch --signal=USR1@60``
 sends SIGUSR1 ahead of the time limit, Ctrl-C sends SIGINT.  While a training
-session runs, the handler only notes the signal: a worker finishes its
+session runs, the handler only informs the rank's lifecycle
+(:meth:`.lifecycle.Lifecycle.signal_received`), which notes it: a worker finishes its
 current step, asks the server to stop and raises :class:`Preempted`; the
 server applies what is already in its inboxes, answers every later push with
 "stop" (without applying it: the resumed job redoes it), and once the workers
@@ -18,11 +19,10 @@ from typing import Callable, Dict, Optional
 
 from .exits import PREEMPTED
 
-__all__ = ["Preempted", "SIGNALS", "install", "requested", "signal_name"]
+__all__ = ["Preempted", "SIGNALS", "install", "signal_name"]
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
-_requested: Optional[int] = None
 _previous: Dict[int, object] = {}
 
 
@@ -44,19 +44,13 @@ def signal_name(number: Optional[int]) -> str:
     return signal.Signals(number).name if number else "a request from another rank"
 
 
-def requested() -> Optional[int]:
-    """The signal that asked this rank to stop, or ``None``."""
-    return _requested
-
-
-def install(in_session: Callable[[], bool]) -> None:
-    """Handle :data:`SIGNALS` on this rank: while ``in_session()`` note the
-    first one; otherwise (and at a second one) do what was done before."""
+def install(inform: Callable[[int], bool]) -> None:
+    """Handle :data:`SIGNALS` on this rank: ``inform(number)`` (the
+    lifecycle's) takes the signal, or returns ``False``, and then the signal
+    does what it did before."""
 
     def handler(number, frame):
-        global _requested
-        if in_session() and _requested is None:
-            _requested = number
+        if inform(number):
             return
         previous = _previous.get(number)
         signal.signal(number, previous if previous is not None else signal.SIG_DFL)

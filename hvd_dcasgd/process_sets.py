@@ -42,6 +42,10 @@ class ProcessSet:
         """Whether this worker belongs to the set."""
         return self.rank() >= 0
 
+    def _add(self) -> None:
+        """Register this set (``init(process_sets=...)``)."""
+        add_process_set(self)
+
     def __repr__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks if self.ranks else 'all'})"
 

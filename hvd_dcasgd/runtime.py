@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 from . import exits, preemption
 from .errors import HvdDcasgdError, warn
 from .horovod import start_horovod
+from .lifecycle import Lifecycle
 from .mpi import MpiUnavailable, load_mpi
 
 SERVER, WORKER, LOCAL = "server", "worker", "local"
@@ -40,9 +41,6 @@ class Session(Protocol):
 
     #: Whether broadcasts while training also reach the server (it holds the weights).
     server_holds_weights: bool
-    #: Whether a SIGTERM, SIGINT or SIGUSR1 stops it gracefully (the parameter
-    #: server's sessions); otherwise the signal does what it did before.
-    stops_on_signal: bool
 
     def restore_on_server(self, items: List[Tuple[str, "torch.Tensor"]]) -> None:
         """Have the server take these state-dict entries (a restored
@@ -62,7 +60,8 @@ class Runtime:
     role: str
     mpi: Any = None
     world: Any = None  # every rank, the servers included
-    workers: Any = None  # the workers only (on a server: the servers only)
+    workers: Any = None  # the workers only (None on a server)
+    servers_comm: Any = None  # on a server: the servers only (server s at rank s); None on a worker
     worker_rank: int = 0
     num_workers: int = 1
     servers: int = 1  # server ranks: world ranks 0..servers-1
@@ -70,7 +69,8 @@ class Runtime:
     shard_comms: List[Any] = field(default_factory=list)  # per server s: s at rank 0, worker m at m+1 (None: not ours)
     local_rank: int = 0
     local_size: int = 1
-    session: Optional[Session] = None  # the running worker, server or Horovod session, if any
+    session: Optional[Session] = None  # the running worker or Horovod session, if any
+    lifecycle: Lifecycle = field(default_factory=Lifecycle)  # this rank's phase and why it stops
     horovod: Any = None  # horovod.torch, running among the workers, if installed
     horovod_off: Optional[str] = None  # why Horovod is not running, where it is not
     join_counter: Any = None  # arrivals at join() when Horovod is not running
@@ -116,11 +116,8 @@ def init(comm: Any = None, process_sets: Optional[List[Any]] = None, servers: Op
     if _runtime is not None:
         return
     _start(comm, _servers(servers))
-    if process_sets:
-        from .process_sets import add_process_set
-
-        for process_set in process_sets:
-            add_process_set(process_set)
+    for process_set in process_sets or ():
+        process_set._add()  # registers it (process_sets.add_process_set), collective over the workers
 
 
 def _servers(requested: Optional[int]) -> int:
@@ -169,14 +166,15 @@ def _start(comm: Any, servers: int = 1) -> None:
                              f"{servers + 1} ranks, one worker or more; this job has {world.Get_size()}",
                              collective=True)
     is_server = world.Get_rank() < servers
-    workers = world.Split(0 if is_server else 1, world.Get_rank())
-    node = workers.Split_type(mpi.COMM_TYPE_SHARED)
+    peers = world.Split(0 if is_server else 1, world.Get_rank())  # the servers, or the workers
+    node = peers.Split_type(mpi.COMM_TYPE_SHARED)
     _runtime = Runtime(
         role=SERVER if is_server else WORKER,
         mpi=mpi,
         world=world,
-        workers=workers,
-        worker_rank=0 if is_server else workers.Get_rank(),
+        workers=None if is_server else peers,
+        servers_comm=peers if is_server else None,
+        worker_rank=0 if is_server else peers.Get_rank(),
         num_workers=world.Get_size() - servers,
         servers=servers,
         shard=world.Get_rank() if is_server else 0,
@@ -185,21 +183,21 @@ def _start(comm: Any, servers: int = 1) -> None:
         local_size=node.Get_size(),
     )
     # Horovod's cross communicator: the workers with this node-local rank, one per node
-    _runtime.cross = workers.Split(_runtime.local_rank, _runtime.worker_rank)
+    _runtime.cross = peers.Split(_runtime.local_rank, _runtime.worker_rank)
     node.Free()
     if not is_server:
-        _runtime.horovod, _runtime.horovod_off = start_horovod(mpi, workers)
+        _runtime.horovod, _runtime.horovod_off = start_horovod(mpi, peers)
         if _runtime.horovod is None:
             from mpi4py.util.sync import Counter
 
             try:
-                _runtime.join_counter = Counter(comm=workers)
+                _runtime.join_counter = Counter(comm=peers)
             except mpi.Exception:  # no one-sided support here: the optimizer explains why, join() says so
                 pass
     atexit.register(_at_exit)
     sys.excepthook = exits.abort_on_uncaught(sys.excepthook, world, servers)
     threading.excepthook = exits.abort_on_thread_exception(world, servers)
-    preemption.install(lambda: _runtime is not None and getattr(_runtime.session, "stops_on_signal", False))
+    preemption.install(_runtime.lifecycle.signal_received)
 
 
 def _at_exit() -> None:

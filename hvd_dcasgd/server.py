@@ -12,6 +12,10 @@ m's outbox and answers.  On the ``sync`` schedule it waits for one push from
 every active worker, averages, and steps once.  Everything the server holds
 -- weights, the optimizer's and the compensation's state, every backup, the
 counters -- is in :meth:`ParameterServer.state_dict`.
+
+This is the algorithm and its state only.  When to poll, answer, drop a
+silent worker, checkpoint or stop is the serving loop's (:mod:`.serving`),
+which asks a coordination (:mod:`.coordination`) what to do.
 """
 
 from __future__ import annotations
@@ -19,28 +23,22 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 
 from .channel import ServerChannel
-from .checkpoints import Checkpoints
 from .compensation import Compensation
-from .cuts import Cuts
 from .config import setting
-from .errors import HvdDcasgdError, HvdDcasgdValueError, warn
+from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from .staging import Staging
-from .stall import StallWatch, stall_timeout_seconds
 from .telemetry import Telemetry
 from .tensors import all_finite, snapshot
-from .transport import Backoff
 from .update import ServerUpdate
 
 #: The version of :meth:`ParameterServer.state_dict`'s format.
 STATE_FORMAT = 2
-#: Seconds between two answers to control requests while pushes keep the server busy.
-REQUESTS_INTERVAL = 0.01
 
 
 class ParameterServer:
@@ -101,12 +99,11 @@ class ParameterServer:
         self.updates = 0
         for m in range(num_workers):
             self.backups[m].copy_(self.weights)
-            self._send(m)
+            self._fill_outbox(m)
         self.update = ServerUpdate(optimizer, layout, compensation, self.weights, self.grad, num_workers,
                                    staged=self.staging is not None, path=update_path)
         self.extras = extras or {}
         self.checked_by_workers = list(checked_by_workers or [False] * num_workers)
-        self.stopped_at: Optional[int] = None  # the update at which the session was asked to stop
 
     # --- one update -----------------------------------------------------
     def _wire_gradient(self, worker: int) -> torch.Tensor:
@@ -118,8 +115,10 @@ class ParameterServer:
         self.staging.upload(wire, self.wire_gradient)
         return self.wire_gradient
 
-    def _send(self, worker: int) -> None:
-        """Make w_bak(worker) visible in worker's outbox."""
+    def _fill_outbox(self, worker: int) -> None:
+        """Make w_bak(worker) visible in worker's outbox (a copy when staged:
+        on the CPU the backup is the outbox) and note the update it holds;
+        the serving loop's reply is what tells the worker."""
         if self.staging is not None:
             self.staging.download(self.backups[worker], self.outboxes[worker])
         self.sent_at[worker] = self.updates
@@ -137,8 +136,8 @@ class ParameterServer:
             return "its gradient holds NaN or Inf"
         return None
 
-    def refuses(self, worker: int) -> bool:
-        """Check worker's pending push.  A bad one raises a sentence naming the
+    def _skip_if_bad(self, worker: int) -> bool:
+        """Check worker's pending push; whether it was skipped.  A bad one raises a sentence naming the
         worker and what is wrong, the weights untouched; with
         ``HVD_DCASGD_SKIP_BAD_PUSHES=1`` it is skipped and counted instead,
         and the worker gets the current weights back."""
@@ -153,12 +152,12 @@ class ParameterServer:
                                  "pushes instead).")
         self.telemetry.refused[worker] += 1
         self.backups[worker].copy_(self.weights)
-        self._send(worker)
+        self._fill_outbox(worker)
         return True
 
     def apply(self, worker: int) -> None:
         """Apply worker's pending push as one server update (ASGD / DC-ASGD)."""
-        if self.refuses(worker):
+        if self._skip_if_bad(worker):
             return
         self.telemetry.record(self.updates, worker, self.updates - self.sent_at[worker])
         start = time.perf_counter()
@@ -166,12 +165,12 @@ class ParameterServer:
                     staleness=self.updates - self.sent_at[worker])
         self.telemetry.apply_seconds += time.perf_counter() - start
         self.updates += 1
-        self._send(worker)
+        self._fill_outbox(worker)
 
     def apply_round(self, workers: Sequence[int]) -> None:
         """Average one push from each of ``workers`` into one update (SSGD);
         a refused push leaves the round to the others."""
-        workers = [m for m in workers if not self.refuses(m)]
+        workers = [m for m in workers if not self._skip_if_bad(m)]
         if not workers:
             return
         for i, m in enumerate(workers):
@@ -191,7 +190,7 @@ class ParameterServer:
         for m in workers:
             if m != first:
                 self.backups[m].copy_(self.weights)
-            self._send(m)
+            self._fill_outbox(m)
 
     def set_state(self, params: Dict[int, torch.Tensor], extras: Dict[str, torch.Tensor]) -> None:
         """Overwrite trained parameters (by index in the layout) and the rest
@@ -212,7 +211,7 @@ class ParameterServer:
         if params:
             for m in range(self.channel.num_workers):
                 self.backups[m].copy_(self.weights)
-                self._send(m)
+                self._fill_outbox(m)
 
     def load_optimizer_state(self, state: Dict) -> None:
         """Load a worker's optimizer state (a restored checkpoint) into the
@@ -265,7 +264,7 @@ class ParameterServer:
         self.update.state.load_state_dict(state["compensation_state"])
         for m, backup in enumerate(state["backups"]):
             self.backups[m].copy_(backup)
-            self._send(m)
+            self._fill_outbox(m)
         self.updates = int(state["updates"])
         self.sent_at = [int(n) for n in state["sent_at"]]
         self.telemetry.pushes = [int(n) for n in state["pushes"]]
@@ -295,145 +294,19 @@ class ParameterServer:
                                           f"the server's is {list(self.extras[name].shape)}")
         self.update.state.check(state["compensation_state"])
 
-    def checkpoint(self, checkpoints: Checkpoints, number: Optional[int] = None) -> Any:
-        """Write a checkpoint of everything the server holds (between two
-        updates), the trace up to it first; its path.  With several
-        servers, ``number`` is the cut's."""
-        self.telemetry.flush()
-        return checkpoints.write(self.state_dict(), number)
-
-    def snapshot_for(self, worker: int) -> Dict[str, Any]:
-        """The optimizer's state now, and the weights of the same moment sent
-        to ``worker`` (its backup from now on): a consistent pair to save."""
-        self.backups[worker].copy_(self.weights)
-        self._send(worker)
-        self.channel.mailboxes.sync()
-        self.telemetry.note_sent(worker, self.updates)
-        return snapshot(self.optimizer.state_dict())
-
-    # --- the loop ---------------------------------------------------------
-    def serve(self, between_polls: Callable[[], None] = lambda: None, watch: Optional[StallWatch] = None,
-              checkpoints: Optional[Checkpoints] = None, stop: Callable[[], bool] = lambda: False,
-              cuts: Optional[Cuts] = None) -> None:
-        """Answer pushes until every worker has left (or was dropped), then
-        close the session.
-
-        Arguments:
-            between_polls: runs between two polls (control requests): on every
-                turn while no push is pending, and at least every
-                ``REQUESTS_INTERVAL`` seconds while pushes keep coming (a
-                probe for messages costs as much as a poll of every worker).
-            watch: names the workers that stay silent too long; with
-                ``HVD_DCASGD_STALL_TIMEOUT`` a worker silent that long is dropped.
-            checkpoints: where periodic checkpoints go, between two updates.
-            stop: says that this rank was asked to stop (preemption).  From the
-                first poll that sees a stop (this rank's or a worker's), the
-                pushes already in the inboxes are applied, later ones are
-                answered "stop" and not applied.
-            cuts: with several servers, the exchange that makes their
-                checkpoints and their stop consistent (:mod:`.cuts`): then a
-                checkpoint or a stop is a cut, ordered by the first server.
-        """
-        synchronous = self.compensation.schedule == "sync"
-        timeout = stall_timeout_seconds()
-        backoff = Backoff(max_sleep=1e-4)
-        answered, requests_at = [], 0.0
-        cut: Optional[Tuple[int, bool, Any]] = None  # (number, stop, target) of a cut under way
-        while True:
-            if not answered or time.monotonic() - requests_at >= REQUESTS_INTERVAL:
-                between_polls()
-                requests_at = time.monotonic()
-            if cuts is not None and not cuts.first:
-                for m in cuts.dropped():  # dropped by the first server: the poll counts them as gone
-                    self.channel.drop(m)
-            ready, left = self.channel.poll()
-            if watch is not None:
-                self._watch(watch, ready, left, timeout if cuts is None or cuts.first else None, cuts)
-            stopping_now = False
-            if cuts is None:
-                stopping_now = self.stopped_at is None and (self.channel.stop_asked or stop())
-            elif cut is None:
-                cut = self._next_cut(cuts, checkpoints, stop)
-            if cut is not None:  # hold back the pushes beyond the cut
-                ready = [m for m in ready if self._applied(m) < cut[2][m]]
-            if self.stopped_at is not None:  # nothing more is applied
-                answered = ready
-            elif synchronous:
-                active = [m for m in range(self.channel.num_workers) if not left[m]]
-                if active and all(m in ready for m in active):
-                    self.apply_round(active)
-                    answered = active
-                else:
-                    answered = ready if stopping_now else []
-            else:
-                for m in ready:
-                    self.apply(m)
-                answered = ready
-            for m in answered:
-                self.channel.reply(m, stop=self.stopped_at is not None or stopping_now)
-            if stopping_now:
-                self.stopped_at = self.updates
-            if cut is not None and all(self._applied(m) >= cut[2][m] for m in range(self.channel.num_workers)):
-                if checkpoints is not None:
-                    self.checkpoint(checkpoints, cut[0])
-                if cut[1]:
-                    self.stopped_at = self.updates
-                cut = None
-            if cuts is None and checkpoints is not None and self.stopped_at is None and checkpoints.is_due():
-                self.checkpoint(checkpoints)
-            if answered:
-                backoff.reset()
-            elif all(left) and cut is None and (cuts is None or cuts.first or cuts.ended):
-                break
-            else:
-                backoff.wait()
-        if cuts is not None and cuts.first:
-            cuts.stop_wanted()  # nothing is left unread
-            cuts.end()
-        self.channel.close()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def _applied(self, worker: int) -> int:
+    def applied(self, worker: int) -> int:
         """Pushes of ``worker`` taken: applied, or skipped as bad."""
         return self.telemetry.pushes[worker] + self.telemetry.refused[worker]
 
-    def _next_cut(self, cuts: Cuts, checkpoints: Optional[Checkpoints],
-                  stop: Callable[[], bool]) -> Optional[Tuple[int, bool, Any]]:
-        """The cut to make now, if one is due or ordered: (number, stop, target)."""
-        stopping = self.stopped_at is None and (self.channel.stop_asked or stop())
-        if cuts.first:
-            if self.stopped_at is not None:
-                return None
-            stopping = stopping or cuts.stop_wanted()
-            if not (stopping or (checkpoints is not None and checkpoints.is_due())):
-                return None
-            number, stopping = cuts.order(stopping)
-        else:
-            if stopping:
-                cuts.want_stop()
-            order = cuts.ordered()
-            if order is None:
-                return None
-            number, stopping = order
-        target, stopping = cuts.targets([self._applied(m) for m in range(self.channel.num_workers)], stopping)
-        return number, stopping, target
-
-    def _watch(self, watch: StallWatch, ready: Sequence[int], left: List[bool], timeout: Optional[float],
-               cuts: Optional[Cuts] = None) -> None:
-        """Warn about silent workers; drop the ones silent past ``timeout``
-        (with several servers, the first drops them everywhere)."""
-        for m in ready:
-            watch.heard(m)
-        owes = [not (left[m] or m in ready) for m in range(self.channel.num_workers)]
-        watch.check(owes)
-        for m in watch.silent_past(owes, timeout):
-            self.channel.drop(m)
-            if cuts is not None:
-                cuts.drop(m)
-            left[m] = True
-            warn(f"{watch.names[m]} has not pushed for {timeout:g} s (HVD_DCASGD_STALL_TIMEOUT): dropped; the "
-                 "other workers carry on without it", stacklevel=3)
+    def optimizer_state_sent_with_weights(self, worker: int) -> Dict[str, Any]:
+        """The optimizer's state now, and the weights of the same moment put
+        into ``worker``'s outbox (its backup from now on): a consistent pair
+        for a checkpoint the worker's script saves."""
+        self.backups[worker].copy_(self.weights)
+        self._fill_outbox(worker)
+        self.channel.mailboxes.sync()
+        self.telemetry.note_sent(worker, self.updates)
+        return snapshot(self.optimizer.state_dict())
 
     def free(self) -> None:
         """Free the windows (collective over the communicator they were

@@ -3,7 +3,9 @@
 Shaped like ``torch.optim.sgd``: :class:`ServerUpdate` is a thin class that
 gathers the state one update needs (the optimizer, its param groups as ranges
 of the flat buffers, the compensation and its state, the path chosen) and
-calls :func:`update_`, the one functional entry point, which dispatches to
+calls :func:`_update`, the one functional entry point (internal: the
+public functional API is the compensation's, :func:`.compensation.dcasgd_`),
+which dispatches to
 
 * ``reference``: the compensation's reference implementation (for the
   built-in ones, the paper's Eq. 10 one tensor at a time), then the user's
@@ -15,7 +17,9 @@ calls :func:`update_`, the one functional entry point, which dispatches to
   momentum, dampening, Nesterov) in one pass of the C kernel per param group.
 
 Every path ends with ``w_bak(m) = w``.  :func:`default_update_path` makes
-the choice, in one place, and says why.
+the choice, in one place, and says why; a path the caller forces is checked
+against the tensors and the optimizer it will see (:func:`check_update_path`),
+and an update that cannot run raises a sentence rather than doing nothing.
 """
 
 from __future__ import annotations
@@ -27,12 +31,12 @@ from torch import Tensor
 
 from . import native
 from .compensation import Compensation, CompensationState, Push
-from .errors import HvdDcasgdValueError
+from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, trained_parameters
 from .tensors import snapshot
 
-__all__ = ["FUSED", "FUSED_SGD", "FOREACH", "PATHS", "REFERENCE", "ServerUpdate", "default_update_path", "is_sgd",
-           "update_"]
+__all__ = ["FUSED", "FUSED_SGD", "FOREACH", "PATHS", "REFERENCE", "ServerUpdate", "check_update_path",
+           "default_update_path", "is_sgd"]
 
 REFERENCE, FOREACH, FUSED, FUSED_SGD = "reference", "foreach", "fused", "fused_sgd"
 PATHS = (REFERENCE, FOREACH, FUSED, FUSED_SGD)
@@ -44,9 +48,28 @@ def is_sgd(optimizer: torch.optim.Optimizer) -> bool:
     return type(optimizer) is torch.optim.SGD and not any(g.get("maximize", False) for g in optimizer.param_groups)
 
 
+def _why_not_fused_sgd(optimizer: torch.optim.Optimizer, compensation: Compensation, tensors: Sequence[Tensor],
+                       staged: bool) -> Optional[str]:
+    """Why the ``fused_sgd`` path cannot compute this update, or ``None``."""
+    on_cpu = all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+    if not is_sgd(optimizer):
+        return f"{type(optimizer).__name__} is not torch.optim.SGD"
+    if compensation.rule.kernel(compensation) is None:
+        return f"the C kernel does not compute the {compensation.mode!r} compensation"
+    if staged:
+        return "the server stages its tensors through host buffers (a GPU's path)"
+    if not (on_cpu and all(t.dtype == torch.float32 for t in tensors)):
+        return "the C kernel takes contiguous float32 CPU tensors"
+    if not all(p.requires_grad for p in trained_parameters(optimizer)):
+        return "a frozen parameter must not move, which only torch's step knows"
+    if native.library() is None:
+        return "the C kernel is unavailable"
+    return None
+
+
 def default_update_path(optimizer: torch.optim.Optimizer, compensation: Compensation, tensors: Sequence[Tensor],
                         staged: bool) -> Tuple[str, str]:
-    """The path :func:`update_` takes by default, and why, in a few words.
+    """The path :func:`_update` takes by default, and why, in a few words.
 
     The fewest passes over memory that compute exactly this update: the
     server is memory-bound, so each pass saved is time saved.
@@ -61,23 +84,26 @@ def default_update_path(optimizer: torch.optim.Optimizer, compensation: Compensa
       ``_default_to_fused_or_foreach`` prefers its multi-tensor kernels there;
       the user's optimizer then steps in its own way.
     """
-    on_cpu = all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
-    if not is_sgd(optimizer):
-        reason = f"{type(optimizer).__name__} is not torch.optim.SGD"
-    elif compensation.rule.kernel(compensation) is None:
-        reason = f"the C kernel does not compute the {compensation.mode!r} compensation"
-    elif staged:
-        reason = "the server stages its tensors through host buffers (a GPU's path)"
-    elif not (on_cpu and all(t.dtype == torch.float32 for t in tensors)):
-        reason = "the C kernel takes contiguous float32 CPU tensors"
-    elif not all(p.requires_grad for p in trained_parameters(optimizer)):
-        reason = "a frozen parameter must not move, which only torch's step knows"
-    elif native.library() is None:
-        reason = "the C kernel is unavailable"
-    else:
+    reason = _why_not_fused_sgd(optimizer, compensation, tensors, staged)
+    if reason is None:
         return FUSED_SGD, "torch.optim.SGD on float32 CPU memory: the C kernel compensates and steps in one pass"
-    path = FUSED if on_cpu else FOREACH
+    path = FUSED if all(t.device.type == "cpu" and t.is_contiguous() for t in tensors) else FOREACH
     return path, f"{reason}: the compensation runs {path}, then the optimizer steps"
+
+
+def check_update_path(path: str, optimizer: torch.optim.Optimizer, compensation: Compensation,
+                      tensors: Sequence[Tensor], staged: bool) -> None:
+    """Raise a sentence unless ``path`` (one of :data:`PATHS`) can compute
+    this update on ``tensors`` with ``optimizer``: a forced path is checked
+    before the first push, not found doing nothing at it."""
+    if path not in PATHS:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown update path {path!r}; choose one of {', '.join(PATHS)}")
+    if path == FUSED_SGD:
+        reason = _why_not_fused_sgd(optimizer, compensation, tensors, staged)
+        if reason is not None:
+            raise HvdDcasgdValueError(f"hvd_dcasgd: the update cannot take the {FUSED_SGD!r} path: {reason}; "
+                                      f"leave the path to the default, or choose one of {REFERENCE}, {FOREACH}, "
+                                      f"{FUSED}")
 
 
 class FlatMomentum:
@@ -110,7 +136,7 @@ class FlatMomentum:
             self.optimizer.state[p]["momentum_buffer"] = self.views[first_param + i]
 
 
-def update_(
+def _update(
     weights: Tensor,
     grad: Tensor,
     backup: Tensor,
@@ -171,13 +197,17 @@ def _fused_sgd_update(weights: Tensor, grad: Tensor, backup: Tensor, state: Mapp
     for g, (group, (start, end)) in enumerate(zip(optimizer.param_groups, group_ranges)):
         buffer = momentum.buffer[start:end] if group["momentum"] != 0 else None
         first_step = buffer is not None and not momentum.started[g]
-        native.dcasgd_f32(
+        ran = native.dcasgd_f32(
             grad[start:end], weights[start:end], backup[start:end],
             None if mean_square is None else mean_square[start:end],
             call.lambda_0, compensation.mean_square_momentum, compensation.eps, group["lr"],
             weight_decay=group["weight_decay"], momentum=group["momentum"], dampening=group["dampening"],
             nesterov=group["nesterov"], momentum_buffer=buffer, first_step=first_step,
         )
+        if not ran:  # checked before the first push (check_update_path); said, never skipped
+            raise HvdDcasgdError(f"hvd_dcasgd: the {FUSED_SGD!r} update did not run on param group {g}: the C "
+                                 "kernel is unavailable or a tensor is not contiguous float32 on the CPU; the "
+                                 "weights are unchanged")
         if first_step:
             momentum.start(g, first_param)
         first_param += len(group["params"])
@@ -209,6 +239,7 @@ class ServerUpdate:
         tensors = [self.weights, self.grad, *(t for ts in self.state.tensors.values() for t in ts)]
         self.path, self.why = default_update_path(self.optimizer, self.compensation, tensors, self.staged)
         if self.requested_path is not None:
+            check_update_path(self.requested_path, self.optimizer, self.compensation, tensors, self.staged)
             self.path, self.why = self.requested_path, "chosen by the caller"
         self.momentum = None
         if self.path == FUSED_SGD and any(g["momentum"] != 0 for g in self.optimizer.param_groups):
@@ -222,7 +253,7 @@ class ServerUpdate:
         default, 0, as a fresh gradient)."""
         if self.path != FUSED_SGD or gradient.dtype != self.weights.dtype:
             gradient = self.grad if gradient is self.grad else self.grad.copy_(gradient)
-        update_(self.weights, gradient, backup, self.state.of(worker), compensation=self.compensation,
+        _update(self.weights, gradient, backup, self.state.of(worker), compensation=self.compensation,
                 optimizer=self.optimizer, lrs=[lr * self.lr_factor for lr in lrs], group_ranges=self.group_ranges,
                 path=self.path, momentum=self.momentum, staleness=staleness)
         if self.lr_factor != 1.0:  # the optimizer's state shows the rate the workers set, as a checkpoint must

@@ -10,7 +10,9 @@ import torch
 from hvd_dcasgd import Compensation, dcasgd_
 from hvd_dcasgd import compensation as compensation_module
 from hvd_dcasgd import native
-from hvd_dcasgd.update import FUSED, FUSED_SGD, PATHS, update_
+from hvd_dcasgd.errors import HvdDcasgdError, HvdDcasgdValueError
+from hvd_dcasgd.layout import ModelLayout
+from hvd_dcasgd.update import FUSED, FUSED_SGD, PATHS, ServerUpdate, _update
 
 IMPLEMENTATIONS = [dict(foreach=False, fused=False), dict(foreach=True, fused=False), dict(fused=True)]
 
@@ -46,7 +48,7 @@ def test_update_compensates_then_steps_and_records_the_backup(path, fused_kernel
     grad = torch.tensor([1.0, 2.0])
     optimizer, group_ranges = _flat_sgd(w, grad, lr=0.5)
     path = FUSED if path == FUSED_SGD and fused_kernel != "native" else path
-    update_(w, grad, w_bak, {}, compensation=Compensation("constant"), optimizer=optimizer, lrs=[0.5],
+    _update(w, grad, w_bak, {}, compensation=Compensation("constant"), optimizer=optimizer, lrs=[0.5],
             group_ranges=group_ranges, path=path)
     assert torch.allclose(w, torch.tensor([1.0 - 0.5 * 1.04, 1.0 - 0.5 * 2.08]))
     assert torch.equal(w_bak, w)
@@ -58,10 +60,28 @@ def test_zero_lambda_is_plain_sgd(path, fused_kernel):
     expected = w - 0.1 * g
     optimizer, group_ranges = _flat_sgd(w, g, lr=0.1)
     path = FUSED if path == FUSED_SGD and fused_kernel != "native" else path
-    update_(w, g, w_bak, {}, compensation=Compensation("constant", lambda_0=0.0), optimizer=optimizer, lrs=[0.1],
+    _update(w, g, w_bak, {}, compensation=Compensation("constant", lambda_0=0.0), optimizer=optimizer, lrs=[0.1],
             group_ranges=group_ranges, path=path)
     assert torch.allclose(w, expected)
     assert torch.equal(w_bak, w)
+
+
+def test_a_forced_path_that_cannot_run_is_refused_with_a_sentence():
+    """fused_sgd on float64 tensors: refused when the path is chosen, and
+    the update itself raises rather than silently doing nothing."""
+    w, w_bak, grad = torch.ones(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64)
+    optimizer, group_ranges = _flat_sgd(w, grad, lr=0.5)
+    layout = ModelLayout.of(optimizer)
+    with pytest.raises(HvdDcasgdValueError, match="cannot take the 'fused_sgd' path: the C kernel takes contiguous "
+                                                  "float32 CPU tensors"):
+        ServerUpdate(optimizer, layout, Compensation("constant"), w, grad, 1, staged=False, path=FUSED_SGD)
+    with pytest.raises(HvdDcasgdValueError, match="unknown update path 'fastest'"):
+        ServerUpdate(optimizer, layout, Compensation("constant"), w, grad, 1, staged=False, path="fastest")
+    before = w.clone()
+    with pytest.raises(HvdDcasgdError, match="'fused_sgd' update did not run on param group 0"):
+        _update(w, grad, w_bak, {}, compensation=Compensation("constant"), optimizer=optimizer, lrs=[0.5],
+                group_ranges=group_ranges, path=FUSED_SGD)
+    assert torch.equal(w, before)
 
 
 def _flat_sgd(weights, grad, lr):

@@ -14,6 +14,7 @@ from hvd_dcasgd.channel import GLOBAL_WORDS, WORDS_PER_WORKER, ServerChannel, co
 from hvd_dcasgd.compensation import Compensation
 from hvd_dcasgd.layout import ModelLayout, PushMessage
 from hvd_dcasgd.server import ParameterServer
+from hvd_dcasgd.serving import serve
 from hvd_dcasgd.telemetry import Telemetry
 
 WORKERS = 2
@@ -83,11 +84,11 @@ def test_the_server_syncs_after_a_flag_before_an_inbox_and_before_publishing():
                              layout.dtype, torch.device("cpu"), Telemetry(WORKERS))
     read_inbox = server._wire_gradient
     server._wire_gradient = lambda m: (log.append(f"inbox read[{m}]"), read_inbox(m))[1]
-    send = server._send
-    server._send = lambda m: (send(m), log.append(f"outbox written[{m}]"))
+    fill_outbox = server._fill_outbox
+    server._fill_outbox = lambda m: (fill_outbox(m), log.append(f"outbox written[{m}]"))
     log.clear()
 
-    server.serve()
+    serve(server)
 
     assert log == ["flags read", "sync", "inbox read[0]", "outbox written[0]", "sync", "flag replied[0]",
                    "flags read", "closed"], log

@@ -1,0 +1,134 @@
+"""Serving: the parameter server's one loop -- poll, apply, answer.
+
+The loop knows the protocol (:class:`.channel.ServerChannel`) and the
+algorithm (:class:`.server.ParameterServer`).  Everything it must decide --
+whom to drop, whether a stop or a checkpoint is due, which pushes to hold
+back, whether it may end -- it asks a coordination
+(:class:`.coordination.Coordination`: one server, or several); where it
+stands it tells the rank's lifecycle (:class:`.lifecycle.Lifecycle`).  It
+has no branch on the number of servers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+
+from .checkpoints import Checkpoints
+from .coordination import Coordination, OneServer
+from .errors import warn
+from .lifecycle import Lifecycle
+from .server import ParameterServer
+from .stall import StallWatch
+from .transport import Backoff
+
+__all__ = ["REQUESTS_INTERVAL", "save", "serve"]
+
+#: Seconds between two answers to control requests while pushes keep the server busy.
+REQUESTS_INTERVAL = 0.01
+
+
+def save(server: ParameterServer, checkpoints: Checkpoints, number: Optional[int] = None) -> Any:
+    """Write a checkpoint of everything ``server`` holds (between two
+    updates), the trace up to it first; its path.  ``number`` names it (a
+    cut's, with several servers; by default the update counter)."""
+    server.telemetry.flush()
+    return checkpoints.write(server.state_dict(), number)
+
+
+def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
+          lifecycle: Optional[Lifecycle] = None, between_polls: Callable[[], None] = lambda: None,
+          watch: Optional[StallWatch] = None) -> None:
+    """Answer pushes until every worker has left (or was dropped), then
+    close the session.
+
+    Arguments:
+        server: the algorithm, with the channel it answers on.
+        coordination: what to decide between polls (default: one server,
+            no checkpoints).
+        lifecycle: this rank's; a signal noted there stops the session, and
+            the loop records there the update at which it stopped.  From the
+            poll at which a stop takes effect, later pushes are answered
+            "stop" and not applied.
+        between_polls: runs between two polls (control requests): on every
+            turn while no push is pending, and at least every
+            :data:`REQUESTS_INTERVAL` seconds while pushes keep coming (a
+            probe for messages costs as much as a poll of every worker).
+        watch: names the workers that stay silent too long; the
+            coordination's ``stall_timeout`` drops them.
+    """
+    coordination = OneServer() if coordination is None else coordination
+    lifecycle = Lifecycle() if lifecycle is None else lifecycle
+    channel = server.channel
+    workers = range(channel.num_workers)
+    synchronous = server.compensation.schedule == "sync"
+    backoff = Backoff(max_sleep=1e-4)
+    answered: List[int] = []
+    requests_at = 0.0
+    while True:
+        if not answered or time.monotonic() - requests_at >= REQUESTS_INTERVAL:
+            between_polls()
+            requests_at = time.monotonic()
+        for m in coordination.dropped_elsewhere():  # the poll counts them as gone
+            channel.drop(m)
+        ready, left = channel.poll()
+        if watch is not None:
+            _drop_silent(server, coordination, watch, ready, left)
+        stopped = lifecycle.stopped
+        asked = not stopped and (channel.stop_asked or lifecycle.asked_to_stop)
+        stopping_now = coordination.stops_now(asked)
+        limits = coordination.limits(server, asked, stopped)
+        if limits is not None:  # hold back the pushes beyond what is due
+            ready = [m for m in ready if server.applied(m) < limits[m]]
+        if stopped:  # nothing more is applied
+            answered = ready
+        elif synchronous:
+            active = [m for m in workers if not left[m]]
+            if active and all(m in ready for m in active):
+                server.apply_round(active)
+                answered = active
+            else:
+                answered = ready if stopping_now else []
+        else:
+            for m in ready:
+                server.apply(m)
+            answered = ready
+        for m in answered:
+            channel.reply(m, stop=stopped or stopping_now)
+        if stopping_now:
+            lifecycle.stop(at=server.updates)
+        due = coordination.due(server, lifecycle.stopped)
+        if due is not None:
+            if coordination.checkpoints is not None:
+                save(server, coordination.checkpoints, due.number)
+            if due.stop:
+                lifecycle.stop(at=server.updates)
+        if answered:
+            backoff.reset()
+        elif all(left) and coordination.may_end():
+            break
+        else:
+            backoff.wait()
+    coordination.end()
+    channel.close()
+    if server.device.type == "cuda":
+        torch.cuda.synchronize(server.device)
+
+
+def _drop_silent(server: ParameterServer, coordination: Coordination, watch: StallWatch, ready: Sequence[int],
+                 left: List[bool]) -> None:
+    """Warn about silent workers; drop the ones silent past the
+    coordination's ``stall_timeout`` (marked in ``left``)."""
+    for m in ready:
+        watch.heard(m)
+    owes = [not (left[m] or m in ready) for m in range(server.channel.num_workers)]
+    watch.check(owes)
+    timeout = coordination.stall_timeout
+    for m in watch.silent_past(owes, timeout):
+        server.channel.drop(m)
+        coordination.dropped(m)
+        left[m] = True
+        warn(f"{watch.names[m]} has not pushed for {timeout:g} s (HVD_DCASGD_STALL_TIMEOUT): dropped; the "
+             "other workers carry on without it", stacklevel=3)

@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .config import setting
+from .config import resolve
 from .errors import HvdDcasgdError
 from .files import atomic_write
 
@@ -67,11 +67,10 @@ class Checkpoints:
         With several servers, server ``shard``'s subfolder.  A folder that
         holds the checkpoints of another number of servers is refused: they
         could not be resumed from, and starting afresh would lose them."""
-        folder = setting("HVD_DCASGD_CHECKPOINT_DIR") or folder
+        folder = resolve("HVD_DCASGD_CHECKPOINT_DIR", folder)
         if not folder:
             return None
-        interval = 600.0 if setting("HVD_DCASGD_CHECKPOINT_INTERVAL") is None else \
-            setting("HVD_DCASGD_CHECKPOINT_INTERVAL")
+        interval = resolve("HVD_DCASGD_CHECKPOINT_INTERVAL")
         top = Path(folder)
         mine = f"server-{shard}-of-{servers}" if servers > 1 else None
         others = sorted(p.name for p in top.glob("server-*-of-*") if not p.name.endswith(f"-of-{servers}"))

@@ -1,10 +1,12 @@
 """Every ``HVD_DCASGD_*`` environment variable, read and validated here.
 
-The package (:func:`setting`) and the launcher (:func:`check_environment`)
-use this one table, so they accept and refuse the same values, and a
-misspelt variable name is an error with the list of known ones instead of a
-setting silently ignored.  Standard library only: the launcher imports it
-without torch.
+The package (:func:`resolve`, :func:`setting`) and the launcher
+(:func:`check_environment`) use this one table, so they accept and refuse the
+same values, and a misspelt variable name is an error with the list of known
+ones instead of a setting silently ignored.  Each setting is resolved in one
+way, by :func:`resolve`: the environment over the script's argument over the
+table's one default.  Standard library only: the launcher imports it without
+torch.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from .errors import HvdDcasgdValueError
 
-__all__ = ["VARIABLES", "Variable", "check_environment", "setting"]
+__all__ = ["VARIABLES", "Variable", "check_environment", "resolve", "setting"]
 
 PREFIX = "HVD_DCASGD_"
 
@@ -60,41 +62,42 @@ class Variable:
     meaning: str
     parse: Callable[[str], Any] = _text
     where: str = "package"  # "package" (every rank reads it) or "scripts" (slurm/ and .ci/ scripts)
+    default: Any = None  # the value when neither the environment nor the script sets it (None: unset)
 
 
 VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_COMPENSATION", "the compensation (none, constant, adaptive, a registered one), or the "
-             "shorthands sync and horovod; overrides DistributedOptimizer(compensation=...)"),
+             "shorthands sync and horovod; overrides DistributedOptimizer(compensation=...)", default='adaptive'),
     Variable("HVD_DCASGD_SCHEDULE", "async or sync; overrides DistributedOptimizer(schedule=...)", _choice("async", "sync")),
     Variable("HVD_DCASGD_BACKEND", "server (the parameter server) or horovod (Horovod's own allreduce); overrides "
              "DistributedOptimizer(backend=...)", _choice("server", "horovod")),
     Variable("HVD_DCASGD_LR_SCALING", "horovod (a worker's rate is for the average of size() gradients: applied "
              "at lr / size() per asynchronous gradient) or none (as given); overrides "
-             "DistributedOptimizer(lr_scaling=...)", _choice("horovod", "none")),
+             "DistributedOptimizer(lr_scaling=...)", _choice("horovod", "none"), default='horovod'),
     Variable("HVD_DCASGD_LAMBDA", "lambda_0; overrides DistributedOptimizer(lambda_0=...)", _non_negative_number),
     Variable("HVD_DCASGD_SKIP_BAD_PUSHES", "1: the server skips (and counts) a push whose learning rate is not a "
-             "finite number >= 0 or whose gradient is not finite; 0 (default): it ends the job naming the worker",
-             _choice("0", "1")),
+             "finite number >= 0 or whose gradient is not finite; 0: it ends the job naming the worker",
+             _choice("0", "1"), default='0'),
     Variable("HVD_DCASGD_STALL_WARNING", "seconds of silence after which the server names a worker that has not "
-             "pushed, and a worker names the server that has not answered (default 60; 0: never)",
-             _non_negative_number),
+             "pushed, and a worker names the server that has not answered (0: never)",
+             _non_negative_number, default=60.0),
     Variable("HVD_DCASGD_STALL_TIMEOUT", "seconds of silence after which the server drops a worker (the others "
              "finish without it, then the job ends with status 69 naming it) and a worker ends the job naming a "
-             "silent server (status 68); unset or 0 (default): never", _non_negative_number),
+             "silent server (status 68); 0: never", _non_negative_number, default=0.0),
     Variable("HVD_DCASGD_CHECKPOINT_DIR", "a folder: the server writes checkpoints of the whole training state there "
              "(the last two kept) and a job started again with the same folder resumes from the newest; overrides "
              "DistributedOptimizer(checkpoint_dir=...)"),
-    Variable("HVD_DCASGD_CHECKPOINT_INTERVAL", "seconds between the server's checkpoints (default 600; 0: only when "
-             "the job is preempted and at the end)", _non_negative_number),
+    Variable("HVD_DCASGD_CHECKPOINT_INTERVAL", "seconds between the server's checkpoints (0: only when "
+             "the job is preempted and at the end)", _non_negative_number, default=600.0),
     Variable("HVD_DCASGD_TRACE", "a path: the server writes one JSON line per applied gradient"),
     Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),
-    Variable("HVD_DCASGD_SERVERS", "how many server ranks (default 1): world ranks 0..S-1 serve one slice of the "
-             "parameters each, the rest are workers; overrides init(servers=...)", _positive_integer),
+    Variable("HVD_DCASGD_SERVERS", "how many server ranks: world ranks 0..S-1 serve one slice of the "
+             "parameters each, the rest are workers; overrides init(servers=...)", _positive_integer, default=1),
     Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device (default: CUDA when it has one, else the CPU)"),
-    Variable("HVD_DCASGD_HOROVOD", "auto, 0 or 1: start Horovod among the workers", _choice("auto", "0", "1")),
+    Variable("HVD_DCASGD_HOROVOD", "auto, 0 or 1: start Horovod among the workers", _choice("auto", "0", "1"), default='auto'),
     Variable("HVD_DCASGD_THREAD_LEVEL", "the MPI thread level mpi4py asks for",
              _choice("single", "funneled", "serialized", "multiple")),
-    Variable("HVD_DCASGD_NATIVE", "0 turns the C kernel off (1, the default, builds it)", _choice("0", "1")),
+    Variable("HVD_DCASGD_NATIVE", "0 turns the C kernel off (1 builds it)", _choice("0", "1"), default='1'),
     Variable("HVD_DCASGD_CACHE", "where the C kernel is built (default ~/.cache/hvd_dcasgd)"),
     Variable("HVD_DCASGD_WITHOUT_HOROVOD", "1: .ci/setup.sh does not build Horovod", _choice("0", "1"), "scripts"),
     Variable("HVD_DCASGD_LAUNCHER", "srun or mpirun: how the SLURM batch scripts start the ranks",
@@ -122,6 +125,16 @@ def setting(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
     return _parse(VARIABLES[name], raw)
 
 
+def resolve(name: str, argument: Any = None, environ: Optional[Mapping[str, str]] = None) -> Any:
+    """Setting ``name``, resolved: its environment variable when set, else
+    ``argument`` (what the script passed) when not ``None``, else the
+    table's one default.  Every setting of the package is read this way."""
+    value = setting(name, environ)
+    if value is not None:
+        return value
+    return argument if argument is not None else VARIABLES[name].default
+
+
 def check_environment(environ: Optional[Mapping[str, str]] = None) -> List[str]:
     """One sentence for each ``HVD_DCASGD_*`` variable in ``environ`` that
     is unknown or has a value that cannot be used."""
@@ -141,5 +154,6 @@ def check_environment(environ: Optional[Mapping[str, str]] = None) -> List[str]:
 
 def table(where: Sequence[str] = ("package", "scripts")) -> str:
     """The variables as a Markdown table (the docs' reference is generated from it)."""
-    rows = [f"| `{v.name}` | {v.meaning} |" for v in VARIABLES.values() if v.where in where]
-    return "\n".join(["| variable | meaning |", "|---|---|", *rows])
+    rows = [f"| `{v.name}` | {v.meaning} | {'' if v.default is None else f'`{v.default:g}`' if isinstance(v.default, float) else f'`{v.default}`'} |"
+            for v in VARIABLES.values() if v.where in where]
+    return "\n".join(["| variable | meaning | default |", "|---|---|---|", *rows])

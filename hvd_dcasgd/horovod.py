@@ -17,7 +17,7 @@ import os
 from types import ModuleType
 from typing import Any, Optional, Tuple
 
-from .config import setting
+from .config import resolve
 from .errors import HvdDcasgdError, warn
 
 #: What to tell a user who asks for Horovod where it is not installed.
@@ -28,7 +28,7 @@ INSTALL_HINT = (
 
 
 def _setting() -> str:
-    return setting("HVD_DCASGD_HOROVOD") or "auto"
+    return resolve("HVD_DCASGD_HOROVOD")
 
 
 def _pt2pt_selected() -> bool:

@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch
 
-from .config import setting
+from .config import resolve, setting
 from .errors import warn
 
 SOURCE = Path(__file__).with_name("dcasgd_kernel.c")
@@ -95,7 +95,7 @@ def library() -> Optional[ctypes.CDLL]:
     global _library, _tried
     if not _tried:
         _tried = True
-        if setting("HVD_DCASGD_NATIVE") != "0":
+        if resolve("HVD_DCASGD_NATIVE") != "0":
             try:
                 _library = _build()
             except (OSError, AttributeError, subprocess.SubprocessError) as exc:

@@ -20,7 +20,7 @@ import torch
 
 from .compensation import COMPENSATIONS, MODES, SCHEDULES, Compensation
 from .compression import Compression, Compressor
-from .config import setting
+from .config import resolve
 from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .exits import rendezvous
 from .horovod import require_horovod
@@ -133,7 +133,7 @@ def _server_device(rt: Runtime, requested: Optional[str]) -> torch.device:
     """The server's device: as asked, else its GPU when it has one (with
     several servers on a node, each its own: the one of its index among
     them), else the CPU."""
-    requested = setting("HVD_DCASGD_SERVER_DEVICE") or requested
+    requested = resolve("HVD_DCASGD_SERVER_DEVICE", requested)
     if requested:
         return torch.device(requested)
     if not torch.cuda.is_available():
@@ -143,14 +143,14 @@ def _server_device(rt: Runtime, requested: Optional[str]) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def resolve_method(compensation: str, schedule: Optional[str], backend: Optional[str]) -> Tuple[str, str, str]:
+def resolve_method(compensation: Optional[str], schedule: Optional[str], backend: Optional[str]) -> Tuple[str, str, str]:
     """(compensation, schedule, backend) from the three settings, each
     overridden by its environment variable; ``compensation="sync"`` and
     ``"horovod"`` are shorthands for ``none`` on the sync schedule and for the
     Horovod backend."""
-    compensation = setting("HVD_DCASGD_COMPENSATION") or compensation
-    schedule = setting("HVD_DCASGD_SCHEDULE") or schedule
-    backend = setting("HVD_DCASGD_BACKEND") or backend
+    compensation = resolve("HVD_DCASGD_COMPENSATION", compensation)
+    schedule = resolve("HVD_DCASGD_SCHEDULE", schedule)  # unset: as the compensation's shorthand says, else async
+    backend = resolve("HVD_DCASGD_BACKEND", backend)  # unset: as the shorthand says, else the server
     if compensation == "horovod":
         compensation, backend = "none", backend or "horovod"
     elif compensation == "sync":
@@ -188,7 +188,7 @@ def DistributedOptimizer(
     sparse_as_dense: bool = False,
     process_set=None,
     *,
-    compensation: str = "adaptive",
+    compensation: Optional[str] = None,
     lambda_0: Optional[float] = None,
     mean_square_momentum: float = 0.95,
     eps: float = 1e-7,
@@ -199,7 +199,7 @@ def DistributedOptimizer(
     check_finite: bool = True,
     schedule: Optional[str] = None,
     backend: Optional[str] = None,
-    lr_scaling: str = "horovod",
+    lr_scaling: Optional[str] = None,
     checkpoint_dir: Optional[str] = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for asynchronous training with delay compensation.
@@ -279,12 +279,11 @@ def DistributedOptimizer(
         )
     if backward_passes_per_step < 1:
         raise HvdDcasgdError("hvd_dcasgd: backward_passes_per_step must be at least 1")
-    lambda_env = setting("HVD_DCASGD_LAMBDA")
     settings = Compensation(
         mode=compensation,
         schedule=schedule,
-        lr_scaling=setting("HVD_DCASGD_LR_SCALING") or lr_scaling,
-        lambda_0=lambda_0 if lambda_env is None else lambda_env,
+        lr_scaling=resolve("HVD_DCASGD_LR_SCALING", lr_scaling),
+        lambda_0=resolve("HVD_DCASGD_LAMBDA", lambda_0),
         mean_square_momentum=mean_square_momentum,
         eps=eps,
         per_worker_mean_square=per_worker_mean_square,
@@ -293,7 +292,7 @@ def DistributedOptimizer(
     wire_dtype = compression.wire(layout.dtype)
     slices = _slices(rt, optimizer, layout)
     if rt.role == SERVER:
-        trace = setting("HVD_DCASGD_TRACE") or trace
+        trace = resolve("HVD_DCASGD_TRACE", trace)
         run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(rt, server_device), trace,
                    checkpoint_dir, slices)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))

@@ -121,9 +121,9 @@ def init(comm: Any = None, process_sets: Optional[List[Any]] = None, servers: Op
 
 
 def _servers(requested: Optional[int]) -> int:
-    from .config import setting
+    from .config import resolve
 
-    servers = setting("HVD_DCASGD_SERVERS") or requested or 1
+    servers = resolve("HVD_DCASGD_SERVERS", requested)
     if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
         raise HvdDcasgdError(f"hvd_dcasgd: init(servers={servers!r}) takes a whole number >= 1")
     return servers

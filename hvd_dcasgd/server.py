@@ -29,7 +29,7 @@ import torch
 
 from .channel import ServerChannel
 from .compensation import Compensation
-from .config import setting
+from .config import resolve
 from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from .staging import Staging
@@ -146,7 +146,7 @@ class ParameterServer:
             return False
         push = self.telemetry.pushes[worker] + self.telemetry.refused[worker]
         where = f"worker {worker} (MPI rank {worker + 1}), push {push}"
-        if setting("HVD_DCASGD_SKIP_BAD_PUSHES") != "1":
+        if resolve("HVD_DCASGD_SKIP_BAD_PUSHES") != "1":
             raise HvdDcasgdError(f"hvd_dcasgd: the server refused {where}: {problem}; the weights are unchanged "
                                  "and no worker received anything of it (HVD_DCASGD_SKIP_BAD_PUSHES=1 skips such "
                                  "pushes instead).")

@@ -30,7 +30,6 @@ import torch
 
 from .checkpoints import Checkpoints
 from .compensation import Compensation
-from .config import setting
 from .coordination import Coordination, coordination_for
 from .endpoints import open_server, open_worker_channel
 from .errors import HvdDcasgdError
@@ -42,7 +41,7 @@ from .preemption import Preempted, signal_name
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
 from .serving import save, serve
-from .shards import Piece, merge_states, shard_layout, shard_optimizer, shard_state, shard_tensors
+from .shards import Piece, merge_states, shard_layout, shard_state, shard_tensors
 from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .tags import SURVIVORS
 from .tensors import broadcast_, snapshot, to_cpu

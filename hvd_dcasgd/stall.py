@@ -15,22 +15,20 @@ from __future__ import annotations
 import time
 from typing import Callable, List, Optional, Sequence
 
-from .config import setting
+from .config import resolve
 from .errors import warn
 
 __all__ = ["StallWatch", "stall_timeout_seconds", "stall_warning_seconds"]
 
 
 def stall_warning_seconds() -> Optional[float]:
-    """``HVD_DCASGD_STALL_WARNING`` in seconds (default 60), or ``None`` when 0 turns it off."""
-    seconds = setting("HVD_DCASGD_STALL_WARNING")
-    seconds = 60.0 if seconds is None else seconds
-    return seconds or None
+    """``HVD_DCASGD_STALL_WARNING`` in seconds, or ``None`` when 0 turns it off."""
+    return resolve("HVD_DCASGD_STALL_WARNING") or None
 
 
 def stall_timeout_seconds() -> Optional[float]:
     """``HVD_DCASGD_STALL_TIMEOUT`` in seconds, or ``None`` (unset or 0: never)."""
-    return setting("HVD_DCASGD_STALL_TIMEOUT") or None
+    return resolve("HVD_DCASGD_STALL_TIMEOUT") or None
 
 
 class StallWatch:

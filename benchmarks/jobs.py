@@ -9,14 +9,17 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # this tree's package, as its ranks get it (child_env)
+
+from hvd_dcasgd.launch import local_command  # noqa: E402  (standard library only: no torch, no MPI)
 
 
 def mpirun(ranks: int, *args, mca: Sequence[str] = ()) -> List[str]:
     """``mpirun -np ranks [mca] python args`` on this host, oversubscribed (a
-    benchmark often runs more ranks than there are cores), and allowed to run
-    as root where it is root."""
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return ["mpirun", *root, "--oversubscribe", "-np", str(ranks), *mca, sys.executable, *map(str, args)]
+    benchmark often runs more ranks than there are cores), built by the
+    launcher's builder (:func:`hvd_dcasgd.launch.local_command`)."""
+    return local_command(ranks, args, mca)
 
 
 def child_env(**extra: str) -> Dict[str, str]:

@@ -195,14 +195,27 @@ def host_list(hosts: Sequence[Host]) -> str:
     return ",".join(host.name + (f":{host.slots}" if host.slots else "") for host in hosts)
 
 
+def open_mpi_ranks(ranks: int, is_root: bool) -> list[str]:
+    """Open MPI's options for ``ranks`` ranks, as root where this is root."""
+    return [*(["--allow-run-as-root"] if is_root else []), "-np", str(ranks)]
+
+
+def local_command(ranks: int, program: Sequence[str], mca: Sequence[str] = (), python: str = sys.executable,
+                  mpirun: str = "mpirun") -> list[str]:
+    """``mpirun`` of ``python program`` with ``ranks`` ranks on this host,
+    oversubscribed, as the tests and the benchmarks run their jobs: Open
+    MPI's rank options as :func:`build` writes them, and exactly the MCA
+    options ``mca`` (the transport under test; nothing chosen for it)."""
+    return [mpirun, *open_mpi_ranks(ranks, os.geteuid() == 0), "--oversubscribe", *mca, python, *map(str, program)]
+
+
 def open_mpi_options(args: argparse.Namespace, machine: Machine, hosts: Sequence[Host], mpi_args: Sequence[str],
                      environ: Mapping[str, str], plan: Plan) -> None:
     """Append Open MPI's options: root, ranks, hosts, oversubscription, the one-sided component, ``-x``."""
     ranks = args.workers + args.servers
     if machine.is_root:
-        plan.command.append("--allow-run-as-root")
         plan.reasons.append("running as root: --allow-run-as-root")
-    plan.command += ["-np", str(ranks)]
+    plan.command += open_mpi_ranks(ranks, machine.is_root)
     if args.hosts:
         plan.command += ["--host", host_list(hosts)]
     elif args.hostfile:

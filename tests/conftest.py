@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hvd_dcasgd.launch import local_command
 from hvd_dcasgd.process import run_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,10 +28,9 @@ def run(cmd, env=None, timeout=180):
 
 
 def mpirun(np, program, *args, mca=(), env=None, timeout=180):
-    """``mpirun -np np python program args`` (oversubscribed, root allowed)."""
-    root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
-    cmd = ["mpirun", *root, "--oversubscribe", "-np", str(np), *mca, sys.executable, str(program), *map(str, args)]
-    return run(cmd, env=env, timeout=timeout)
+    """``mpirun -np np python program args`` (oversubscribed, root allowed),
+    built by the launcher's builder."""
+    return run(local_command(np, [program, *args], mca), env=env, timeout=timeout)
 
 
 def python(program, *args, env=None, timeout=180):

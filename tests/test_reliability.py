@@ -24,6 +24,7 @@ import torch
 from conftest import PROGRAMS, ROOT, TCP
 
 from hvd_dcasgd.compensation import Compensation
+from hvd_dcasgd.launch import local_command
 from hvd_dcasgd.layout import ModelLayout, flatten_into
 from hvd_dcasgd.update import ServerUpdate
 
@@ -44,13 +45,12 @@ class Job:
                  servers=1):
         self.out, self.timeout, self.ranks = out, timeout, workers + servers
         self.log = out / log
-        root = ("--allow-run-as-root",) if os.geteuid() == 0 else ()
         full_env = {**os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
         if launcher:  # this project's launcher, as a user runs it
             start = [sys.executable, str(ROOT / "launch" / "hvd-dcasgd-run"), "-n", str(workers)]
         else:
-            start = ["mpirun", *root, "--oversubscribe", "-np", str(workers + servers), *mca, sys.executable]
+            start = local_command(workers + servers, [], mca)
         cmd = [*start, str(PROGRAMS / "synthetic.py"), "--out", str(out), *map(str, args)]
         self.started = time.monotonic()
         with open(self.log, "w") as log_file:

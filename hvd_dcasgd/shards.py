@@ -9,14 +9,14 @@ element-wise optimizer is exact under any partition.  An optimizer whose step
 looks at a whole tensor at once (LARS/LAMB-style trust ratios, Adafactor's
 factored moments, Shampoo) is exact only when every parameter lies in one
 slice, so for those (and for any optimizer class this module does not know)
-the cuts go on parameter boundaries.  An optimizer that needs every
+the splits go on parameter boundaries.  An optimizer that needs every
 parameter at once (L-BFGS) cannot be sharded.
 
 Every slice has one dtype (the layout has one), so bytes are proportional to
-elements; the cuts are in elements.
+elements; the splits are in elements.
 
 A server sees its slice as a model of its own (:func:`shard_layout`): one
-*piece* per parameter it holds some of, the whole parameter or, where a cut
+*piece* per parameter it holds some of, the whole parameter or, where a split
 falls inside it, a flat run of its elements.  :func:`shard_optimizer` builds
 the same optimizer over the pieces; :func:`shard_state` and
 :func:`merge_states` move an optimizer's state between the model's
@@ -36,15 +36,15 @@ from .layout import ModelLayout, TensorSpec, trained_parameters
 __all__ = ["ELEMENTWISE", "TOLERANCE", "Piece", "check_shardable", "is_elementwise", "merge_states", "partition",
            "shard_layout", "shard_optimizer", "shard_state", "shard_tensors"]
 
-#: A cut may move to the nearest parameter boundary when every slice then
+#: A split may move to the nearest parameter boundary when every slice then
 #: stays within this fraction of an even share.
 TOLERANCE = 0.03
-#: A cut inside a parameter is rounded to this many elements (64 bytes of
+#: A split inside a parameter is rounded to this many elements (64 bytes of
 #: float32: a cache line, so two servers never write one line).
 ALIGN_ELEMENTS = 16
 
 #: torch.optim classes whose step is element-wise (their state is shaped like
-#: the parameter, or a step count every element shares): exact under any cut.
+#: the parameter, or a step count every element shares): exact under any split.
 ELEMENTWISE = (
     torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adamax, torch.optim.NAdam, torch.optim.RAdam,
     torch.optim.RMSprop, torch.optim.Rprop, torch.optim.Adagrad, torch.optim.Adadelta, torch.optim.ASGD,
@@ -54,7 +54,7 @@ UNSHARDABLE = (torch.optim.LBFGS, torch.optim.SparseAdam)
 
 
 def is_elementwise(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer``'s step is exact under any cut (its exact class
+    """Whether ``optimizer``'s step is exact under any split (its exact class
     is one of :data:`ELEMENTWISE`: a subclass may look at whole tensors)."""
     return type(optimizer) in ELEMENTWISE
 
@@ -72,19 +72,19 @@ def partition(offsets: Sequence[int], servers: int, whole_tensors: bool = False,
     """``servers`` contiguous (start, end) slices of the flat vector whose
     parameter boundaries are ``offsets`` (0, ..., numel), in elements.
 
-    Cut k goes to the parameter boundary nearest to k * numel / servers when
+    Split k goes to the parameter boundary nearest to k * numel / servers when
     every slice then stays within ``tolerance`` of an even share; otherwise
     at the even share itself (rounded to :data:`ALIGN_ELEMENTS`), inside a
-    parameter.  With ``whole_tensors`` every cut is on a boundary, balanced
+    parameter.  With ``whole_tensors`` every split is on a boundary, balanced
     as well as the parameters allow; a slice left empty is an error.
 
     Arguments:
         offsets: the flat vector's parameter boundaries, ascending, from 0 to
             its number of elements (``ModelLayout.offsets``).
         servers: the number of slices, at least 1.
-        whole_tensors: cut only between parameters (an optimizer that is not
+        whole_tensors: split only between parameters (an optimizer that is not
             :func:`is_elementwise`).
-        tolerance: how far from an even share a slice may be for the cuts to
+        tolerance: how far from an even share a slice may be for the splits to
             stay on parameter boundaries.
     """
     numel = offsets[-1]
@@ -96,11 +96,11 @@ def partition(offsets: Sequence[int], servers: int, whole_tensors: bool = False,
     on_boundaries = _nearest_boundaries(offsets, servers)
     sizes = [b - a for a, b in zip(on_boundaries, on_boundaries[1:])]
     if whole_tensors or all(abs(size - share) <= tolerance * share for size in sizes):
-        cuts = on_boundaries
+        splits = on_boundaries
     else:
-        cuts = [0, *(min(numel, round(k * share / ALIGN_ELEMENTS) * ALIGN_ELEMENTS) for k in range(1, servers)),
+        splits = [0, *(min(numel, round(k * share / ALIGN_ELEMENTS) * ALIGN_ELEMENTS) for k in range(1, servers)),
                 numel]
-    slices = list(zip(cuts, cuts[1:]))
+    slices = list(zip(splits, splits[1:]))
     empty = [s for s, (a, b) in enumerate(slices) if a >= b]
     if empty:
         why = (f"the model's {len(offsets) - 1} parameters cannot be split whole into {servers} non-empty slices"
@@ -111,19 +111,19 @@ def partition(offsets: Sequence[int], servers: int, whole_tensors: bool = False,
 
 
 def _nearest_boundaries(offsets: Sequence[int], servers: int) -> List[int]:
-    """Cuts at the parameter boundaries nearest to the even shares, each
-    after the one before and leaving a boundary for every cut after it (so
+    """Splits at the parameter boundaries nearest to the even shares, each
+    after the one before and leaving a boundary for every split after it (so
     that with enough parameters no slice is empty)."""
     numel, last = offsets[-1], len(offsets) - 1
-    cuts, index = [0], 0
+    splits, index = [0], 0
     for k in range(1, servers):
         target = k * numel / servers
         choices = range(index + 1, last - (servers - k) + 1)
         if not choices:
-            return [*cuts, *[numel] * (servers - k), numel]  # too few parameters: the empty slices are refused
+            return [*splits, *[numel] * (servers - k), numel]  # too few parameters: the empty slices are refused
         index = min(choices, key=lambda i: (abs(offsets[i] - target), i))
-        cuts.append(offsets[index])
-    return [*cuts, numel]
+        splits.append(offsets[index])
+    return [*splits, numel]
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def shard_tensors(tensors: Dict[int, torch.Tensor], found: Sequence[Piece]) -> D
             for j, p in enumerate(found) if p.index in tensors}
 
 
-def _cut(value: Any, piece: Piece, shape: Tuple[int, ...]) -> Any:
+def _piece_of(value: Any, piece: Piece, shape: Tuple[int, ...]) -> Any:
     """A piece's part of one optimizer state entry, a copy: the elements of
     a tensor shaped like the parameter; anything else (a step count) whole."""
     if not torch.is_tensor(value):
@@ -186,17 +186,17 @@ def shard_state(state: Dict[str, Any], layout: ModelLayout, found: Sequence[Piec
     """An optimizer ``state_dict()`` of the whole model as the state of the
     optimizer over one slice's pieces (:func:`shard_optimizer`)."""
     entries = state.get("state", {})
-    cut = {}
+    sliced = {}
     for j, piece in enumerate(found):
         entry = entries.get(piece.index)
         if entry is not None:
-            cut[j] = {k: _cut(v, piece, layout.params[piece.index].shape) for k, v in entry.items()}
+            sliced[j] = {k: _piece_of(v, piece, layout.params[piece.index].shape) for k, v in entry.items()}
     groups, j = [], 0
     for g, group in enumerate(state["param_groups"]):
         n = sum(1 for piece in found if piece.group == g)
         groups.append({**{k: v for k, v in group.items() if k != "params"}, "params": list(range(j, j + n))})
         j += n
-    return {"state": cut, "param_groups": groups}
+    return {"state": sliced, "param_groups": groups}
 
 
 def merge_states(states: Sequence[Dict[str, Any]], layout: ModelLayout,

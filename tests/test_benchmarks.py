@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, mpirun, python
+from helpers import ROOT, mpirun, python
 
 sys.path.insert(0, str(ROOT / "docs"))
 

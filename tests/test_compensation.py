@@ -148,7 +148,7 @@ def test_compensation_defaults_and_validation():
 
 
 def test_native_kernel_is_used_for_float32_and_can_be_switched_off(tmp_path):
-    from conftest import run
+    from helpers import run
 
     probe = ("import torch, hvd_dcasgd.native as n; t = torch.ones(4); "
              "print(n.dcasgd_f32(t, t.clone(), t.clone(), None, 0.04, 0.95, 1e-7, 0.1), "

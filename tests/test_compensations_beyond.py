@@ -15,9 +15,10 @@ from hvd_dcasgd.errors import HvdDcasgdValueError
 from hvd_dcasgd.simulator import RoundRobin, simulate
 from hvd_dcasgd.update import FOREACH, FUSED, REFERENCE, default_update_path
 
-from test_server_state import _apply, _fresh_server, _same
-from test_server_step import WORKERS, _push, _reference_step, _server
-from test_simulator import BATCH, _data, _lr, _model
+from helpers import (
+    BATCH, WORKERS, apply_pushes, assert_same, digits_data, digits_model, fresh_server, lr_of_epoch, push_gradient,
+    reference_step, server_and_reference,
+)
 
 GAMMA, EPS = 0.999, 1e-8
 STALENESS = COMPENSATIONS["staleness"]
@@ -174,11 +175,11 @@ def spy():
 @pytest.mark.parametrize("lr_scaling", ["none", "horovod"])
 def test_the_server_tells_a_rule_the_staleness_and_the_rates_it_applies(spy, lr_scaling):
     comp = Compensation("spy", lr_scaling=lr_scaling)
-    server = _fresh_server("sgd", comp)
+    server = fresh_server("sgd", comp)
     order = [0, 1, 2, 1, 0, 0, 2, 1]
     sent_at, expected = [0] * WORKERS, []
     for update, worker in enumerate(order):
-        _push(server, worker, seed=update, lrs=[0.3, 0.6])
+        push_gradient(server, worker, seed=update, lrs=[0.3, 0.6])
         server.apply(worker)
         expected.append(update - sent_at[worker])
         sent_at[worker] = update + 1
@@ -191,10 +192,10 @@ def test_the_server_tells_a_rule_the_staleness_and_the_rates_it_applies(spy, lr_
 
 
 def test_a_round_of_the_sync_schedule_is_fresh(spy):
-    server = _fresh_server("sgd", Compensation("spy", schedule="sync"))
+    server = fresh_server("sgd", Compensation("spy", schedule="sync"))
     for round_ in range(3):
         for m in range(WORKERS):
-            _push(server, m, seed=10 * round_ + m, lrs=[0.1, 0.1])
+            push_gradient(server, m, seed=10 * round_ + m, lrs=[0.1, 0.1])
         server.apply_round(range(WORKERS))
     assert [p.staleness for p in spy] == [0, 0, 0]
 
@@ -205,7 +206,7 @@ def test_a_round_of_the_sync_schedule_is_fresh(spy):
 @pytest.mark.parametrize("mode", ["staleness", "gap_aware"])
 def test_server_updates_match_a_naive_reference(mode, optimizer_name, staged, path):
     """The formulas written out in plain torch, then a copy of the optimizer."""
-    server, model, reference, reference_optimizer, comp = _server(optimizer_name, mode, staged=staged, path=path)
+    server, model, reference, reference_optimizer, comp = server_and_reference(optimizer_name, mode, staged=staged, path=path)
     assert server.update.path == (path or FUSED), server.update.why
     params = [p for group in reference_optimizer.param_groups for p in group["params"]]  # the wire's order
     flat = lambda: torch.cat([p.detach().reshape(-1) for p in params])  # noqa: E731
@@ -216,7 +217,7 @@ def test_server_updates_match_a_naive_reference(mode, optimizer_name, staged, pa
     v, eta_max = torch.zeros_like(backups[0]), torch.zeros(len(reference_optimizer.param_groups))
     for update, worker in enumerate([0, 1, 2, 1, 0, 0, 2, 1, 1, 2]):
         lrs = [0.1 / (1 + update), 0.05]
-        g = _push(server, worker, seed=update, lrs=lrs)
+        g = push_gradient(server, worker, seed=update, lrs=lrs)
         server.apply(worker)
         w = flat()
         if mode == "staleness":
@@ -226,7 +227,7 @@ def test_server_updates_match_a_naive_reference(mode, optimizer_name, staged, pa
             eta_max = torch.maximum(eta_max, torch.tensor(lrs))
             c = eta_max[group_of] * (torch.sqrt(v / (1 - GAMMA ** (update + 1))) + EPS)
             g = g / (1 + (w - backups[worker]).abs() / c)
-        _reference_step(reference_optimizer, params, g, lrs)
+        reference_step(reference_optimizer, params, g, lrs)
         backups[worker], sent_at[worker] = flat(), update + 1
         assert torch.allclose(server.weights, backups[worker], rtol=1e-5, atol=1e-6), f"update {update}"
     if mode == "gap_aware":
@@ -241,15 +242,15 @@ class PlainSGD(torch.optim.SGD):
 
 
 def _simulate(compensation, workers, optimizer=None):
-    train, test = _data()
-    return simulate(_model, train, test, compensation=compensation, workers=workers, epochs=2, batch_size=BATCH,
-                    lr=_lr, delay=RoundRobin(), optimizer=optimizer)
+    train, test = digits_data()
+    return simulate(digits_model, train, test, compensation=compensation, workers=workers, epochs=2, batch_size=BATCH,
+                    lr=lr_of_epoch, delay=RoundRobin(), optimizer=optimizer)
 
 
 @pytest.mark.parametrize("mode", ["staleness", "gap_aware"])
 def test_one_worker_is_sequential_sgd_bit_for_bit(mode):
     """Staleness 0 and no gap: the gradients are applied as they came."""
-    plain = lambda params: PlainSGD(params, lr=_lr(0))  # noqa: E731
+    plain = lambda params: PlainSGD(params, lr=lr_of_epoch(0))  # noqa: E731
     ours, none = _simulate(mode, 1, plain), _simulate("none", 1, plain)
     assert set(ours.staleness) == {0}
     assert torch.equal(ours.weights, none.weights)
@@ -258,7 +259,7 @@ def test_one_worker_is_sequential_sgd_bit_for_bit(mode):
 
 @pytest.mark.parametrize("mode", ["staleness", "gap_aware"])
 def test_the_sync_schedule_is_ssgd_bit_for_bit(mode):
-    plain = lambda params: PlainSGD(params, lr=_lr(0))  # noqa: E731
+    plain = lambda params: PlainSGD(params, lr=lr_of_epoch(0))  # noqa: E731
     ours = _simulate(Compensation(mode, schedule="sync"), 4, plain)
     none = _simulate(Compensation("none", schedule="sync"), 4, plain)
     assert torch.equal(ours.weights, none.weights)
@@ -278,8 +279,8 @@ def test_four_workers_train_and_differ_from_asgd(mode):
 @pytest.mark.parametrize("mode", ["staleness", "gap_aware"])
 def test_a_loaded_server_continues_bit_for_bit(optimizer_name, mode, tmp_path):
     comp = Compensation(mode)
-    original = _fresh_server(optimizer_name, comp)
-    _apply(original, range(5))
+    original = fresh_server(optimizer_name, comp)
+    apply_pushes(original, range(5))
     torch.save(original.state_dict(), tmp_path / "server.pt")
     state = torch.load(tmp_path / "server.pt", weights_only=True)
     expected = {"staleness": [], "gap_aware": ["average_weight", "max_lr", "square_average"]}[mode]
@@ -288,20 +289,20 @@ def test_a_loaded_server_continues_bit_for_bit(optimizer_name, mode, tmp_path):
         assert state["compensation_state"]["max_lr"][0].shape == (len(original.layout.group_ranges()),)
         assert state["compensation_state"]["square_average"][0].abs().sum() > 0
 
-    resumed = _fresh_server(optimizer_name, comp, seed=7)
+    resumed = fresh_server(optimizer_name, comp, seed=7)
     resumed.load_state_dict(state)
-    _same(resumed.state_dict(), original.state_dict())
-    _apply(original, range(5, 12))
-    _apply(resumed, range(5, 12))
-    _same(resumed.state_dict(), original.state_dict())
+    assert_same(resumed.state_dict(), original.state_dict())
+    apply_pushes(original, range(5, 12))
+    apply_pushes(resumed, range(5, 12))
+    assert_same(resumed.state_dict(), original.state_dict())
 
 
 def test_a_gap_aware_state_of_another_shape_changes_nothing():
-    server = _fresh_server("sgd", Compensation("gap_aware"))
-    _apply(server, range(3))
+    server = fresh_server("sgd", Compensation("gap_aware"))
+    apply_pushes(server, range(3))
     state = server.state_dict()
     state["compensation_state"]["max_lr"][0] = torch.zeros(5)
     before = server.state_dict()
     with pytest.raises(HvdDcasgdValueError, match="compensation state 'max_lr'"):
         server.load_state_dict(state)
-    _same(server.state_dict(), before)
+    assert_same(server.state_dict(), before)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run
+from helpers import ROOT, run
 from hvd_dcasgd.config import VARIABLES, check_environment, setting
 from hvd_dcasgd.errors import HvdDcasgdValueError
 from hvd_dcasgd.files import atomic_write

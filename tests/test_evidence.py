@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, mpirun, run
+from helpers import ROOT, mpirun, run
 
 EVIDENCE = ROOT / "benchmarks" / "evidence"
 TINY_RUNS = 32  # tiny scale: 12 tuning runs, 14 simulator runs, 4 timed and 1 untimed real runs, 1 replay

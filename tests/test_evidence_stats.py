@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from conftest import ROOT
+from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "evidence"))
 from stats import classify, holm, paired_difference, recovery_ratio, t_quantile, wilcoxon_p  # noqa: E402

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from conftest import ROOT, mpirun
+from helpers import ROOT, mpirun
 
 import hvd_dcasgd
 

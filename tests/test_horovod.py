@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import PROGRAMS, ROOT, horovod_installed, mpirun, run, unavailable
+from helpers import PROGRAMS, ROOT, horovod_installed, mpirun, run, unavailable
 
 HOROVOD_INSTALLED = horovod_installed()
 needs_horovod = pytest.mark.usefixtures("horovod_required")

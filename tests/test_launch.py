@@ -7,7 +7,7 @@ import shutil
 import sys
 import pytest
 
-from conftest import ROOT, run
+from helpers import ROOT, run
 
 from hvd_dcasgd import launch
 from hvd_dcasgd.launch import MPICH, OPEN_MPI, LaunchError, Machine

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import PROGRAMS, TCP, mpirun, python, run
+from helpers import PROGRAMS, TCP, mpirun, python, run
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402

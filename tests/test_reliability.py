@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PROGRAMS, ROOT, TCP
+from helpers import PROGRAMS, ROOT, TCP
 
 from hvd_dcasgd.compensation import Compensation
 from hvd_dcasgd.launch import local_command

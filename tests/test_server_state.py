@@ -8,69 +8,29 @@ import pytest
 import torch
 
 from hvd_dcasgd.compensation import COMPENSATIONS, GLOBAL, Compensation, CompensationRule, register_compensation
-from hvd_dcasgd.endpoints import open_server
 from hvd_dcasgd.errors import HvdDcasgdValueError
-from hvd_dcasgd.layout import ModelLayout
-from hvd_dcasgd.mpi import load_mpi
 from hvd_dcasgd.update import FUSED_SGD
 
-from test_server_step import OPTIMIZERS, WORKERS, Net, _push
-
-ORDER = [0, 1, 2, 1, 0, 0, 2, 1, 2, 0]
-
-
-def _fresh_server(optimizer_name, comp, seed=0, wire=torch.float32):
-    torch.manual_seed(seed)
-    model = Net()
-    if seed:  # a server that starts elsewhere, so a load has something to overwrite
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(torch.randn_like(p))
-    optimizer = OPTIMIZERS[optimizer_name](model)
-    layout = ModelLayout.of(optimizer, model.named_parameters(), model)
-    return open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire)
-
-
-def _apply(server, pushes):
-    for i in pushes:
-        worker = ORDER[i % len(ORDER)]
-        _push(server, worker, seed=100 + i, lrs=[0.1 / (1 + i), 0.05])
-        server.apply(worker)
-
-
-def _same(a, b, where="state"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert sorted(a, key=str) == sorted(b, key=str), where
-        for k in a:
-            _same(a[k], b[k], f"{where}[{k!r}]")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
-
+from helpers import WORKERS, apply_pushes, assert_same, fresh_server, push_gradient
 
 @pytest.mark.parametrize("optimizer_name", ["sgd", "sgd-momentum-wd", "sgd-per-group", "adam"])
 @pytest.mark.parametrize("mode,per_worker", [("none", False), ("constant", False), ("adaptive", False),
                                              ("adaptive", True)])
 def test_a_loaded_server_continues_bit_for_bit(optimizer_name, mode, per_worker, tmp_path):
     comp = Compensation(mode, per_worker_mean_square=per_worker)
-    original = _fresh_server(optimizer_name, comp)
-    _apply(original, range(5))
+    original = fresh_server(optimizer_name, comp)
+    apply_pushes(original, range(5))
     torch.save(original.state_dict(), tmp_path / "server.pt")
     state = torch.load(tmp_path / "server.pt", weights_only=True)  # plain tensors and values only
 
-    resumed = _fresh_server(optimizer_name, comp, seed=7)
+    resumed = fresh_server(optimizer_name, comp, seed=7)
     assert not torch.equal(resumed.weights, original.weights)
     resumed.load_state_dict(state)
     assert resumed.update.path == original.update.path
-    _same(resumed.state_dict(), original.state_dict())
-    _apply(original, range(5, 12))
-    _apply(resumed, range(5, 12))
-    _same(resumed.state_dict(), original.state_dict())
+    assert_same(resumed.state_dict(), original.state_dict())
+    apply_pushes(original, range(5, 12))
+    apply_pushes(resumed, range(5, 12))
+    assert_same(resumed.state_dict(), original.state_dict())
     for m in range(WORKERS):
         assert torch.equal(resumed.outboxes[m], original.outboxes[m]), "each worker is sent its own backup"
     if optimizer_name != "sgd" and original.update.path == FUSED_SGD:
@@ -79,8 +39,8 @@ def test_a_loaded_server_continues_bit_for_bit(optimizer_name, mode, per_worker,
 
 def test_state_holds_every_part_and_is_a_copy():
     comp = Compensation("adaptive", per_worker_mean_square=True)
-    server = _fresh_server("sgd-momentum-wd", comp)
-    _apply(server, range(4))
+    server = fresh_server("sgd-momentum-wd", comp)
+    apply_pushes(server, range(4))
     state = server.state_dict()
     assert state["format"] == 2
     assert state["settings"]["compensation"] == {**comp.__dict__}
@@ -91,8 +51,8 @@ def test_state_holds_every_part_and_is_a_copy():
     assert len(state["backups"]) == WORKERS and len(state["compensation_state"]["mean_square"]) == WORKERS
     assert sorted(state["optimizer"]["state"]) == [0, 1, 2, 3]
     before = copy.deepcopy(state)
-    _apply(server, range(4, 6))
-    _same(state, before)  # later updates do not reach a state already taken
+    apply_pushes(server, range(4, 6))
+    assert_same(state, before)  # later updates do not reach a state already taken
 
 
 @pytest.mark.parametrize("change,message", [
@@ -104,14 +64,14 @@ def test_state_holds_every_part_and_is_a_copy():
 ])
 def test_a_state_that_does_not_fit_changes_nothing(change, message):
     comp = Compensation("adaptive")
-    server = _fresh_server("sgd-momentum-wd", comp)
-    _apply(server, range(3))
+    server = fresh_server("sgd-momentum-wd", comp)
+    apply_pushes(server, range(3))
     state = server.state_dict()
     change(state)
     before = server.state_dict()
     with pytest.raises(HvdDcasgdValueError, match=message):
         server.load_state_dict(state)
-    _same(server.state_dict(), before)
+    assert_same(server.state_dict(), before)
 
 
 @pytest.fixture
@@ -137,12 +97,12 @@ def halved():
 
 def test_a_registered_compensation_runs_on_the_server(halved):
     comp = Compensation("halved")
-    server = _fresh_server("sgd", comp)
-    reference = _fresh_server("sgd", Compensation("none"))
+    server = fresh_server("sgd", comp)
+    reference = fresh_server("sgd", Compensation("none"))
     assert server.update.path != FUSED_SGD, "the kernel does not know it: compensate, then torch steps"
     for worker in (0, 1, 0):
-        g = _push(server, worker, seed=worker, lrs=[0.1, 0.1])
-        _push(reference, worker, seed=worker, lrs=[0.05, 0.05])  # half the rate: the same step as half the gradient
+        g = push_gradient(server, worker, seed=worker, lrs=[0.1, 0.1])
+        push_gradient(reference, worker, seed=worker, lrs=[0.05, 0.05])  # half the rate: the same step as half the gradient
         server.apply(worker)
         reference.apply(worker)
         assert torch.allclose(server.weights, reference.weights, atol=1e-7)
@@ -158,8 +118,8 @@ def test_an_unknown_compensation_names_the_registered_ones(halved):
 def test_a_restore_the_server_cannot_apply_changes_nothing():
     """What a worker's restore asks of the server (weights by index, buffers
     by name, the optimizer's state) is all or nothing."""
-    server = _fresh_server("sgd-momentum-wd", Compensation("adaptive"))
-    _apply(server, range(4))
+    server = fresh_server("sgd-momentum-wd", Compensation("adaptive"))
+    apply_pushes(server, range(4))
     before = server.state_dict()
     bad_momentum = copy.deepcopy(before["optimizer"])
     bad_momentum["state"][0]["momentum_buffer"] = torch.zeros(7)
@@ -170,5 +130,5 @@ def test_a_restore_the_server_cannot_apply_changes_nothing():
     ]:
         with pytest.raises(HvdDcasgdValueError, match=message):
             attempt()
-        _same(server.state_dict(), before)
-    _apply(server, range(4, 6))  # and it goes on as before
+        assert_same(server.state_dict(), before)
+    apply_pushes(server, range(4, 6))  # and it goes on as before

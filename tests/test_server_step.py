@@ -13,70 +13,7 @@ from hvd_dcasgd.layout import ModelLayout
 from hvd_dcasgd.mpi import load_mpi
 from hvd_dcasgd.update import FOREACH, FUSED, FUSED_SGD, REFERENCE, is_sgd
 
-WORKERS = 3
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.fc1 = torch.nn.Linear(6, 5)
-        self.fc2 = torch.nn.Linear(5, 2)
-
-
-def _groups(model):
-    return [{"params": list(model.fc1.parameters())}, {"params": list(model.fc2.parameters()), "lr": 0.05}]
-
-
-def _weights_and_biases(model):
-    """The usual per-group settings: weight decay off for biases; Nesterov
-    with weight decay for the weights; dampening on the biases' momentum."""
-    return [{"params": [model.fc1.weight, model.fc2.weight], "weight_decay": 1e-2, "nesterov": True},
-            {"params": [model.fc1.bias, model.fc2.bias], "lr": 0.05, "momentum": 0.5, "dampening": 0.3}]
-
-
-OPTIMIZERS = {
-    "sgd": lambda model: torch.optim.SGD(_groups(model), lr=0.1),
-    "sgd-momentum-wd": lambda model: torch.optim.SGD(_groups(model), lr=0.1, momentum=0.9, weight_decay=1e-2),
-    "sgd-nesterov": lambda model: torch.optim.SGD(_groups(model), lr=0.1, momentum=0.9, nesterov=True),
-    "sgd-dampening": lambda model: torch.optim.SGD(_groups(model), lr=0.1, momentum=0.9, dampening=0.5),
-    "sgd-per-group": lambda model: torch.optim.SGD(_weights_and_biases(model), lr=0.1, momentum=0.9),
-    "adam": lambda model: torch.optim.Adam(_groups(model), lr=0.01, weight_decay=1e-3),
-}
-
-
-def _server(optimizer_name, mode, wire=torch.float32, per_worker=False, staged=False, path=None):
-    model = Net()
-    optimizer = OPTIMIZERS[optimizer_name](model)
-    reference = copy.deepcopy(model)
-    reference_optimizer = OPTIMIZERS[optimizer_name](reference)
-    layout = ModelLayout.of(optimizer, model.named_parameters(), model)
-    comp = Compensation(mode, per_worker_mean_square=per_worker)
-    server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire,
-                         staged=staged, update_path=path)
-    return server, model, reference, reference_optimizer, comp
-
-
-def _reference_step(optimizer, params, g, lrs):
-    """The user's optimizer stepping with the flat gradient ``g`` (in the
-    wire's order of ``params``) at the rates ``lrs``, one per param group."""
-    offset = 0
-    for p in params:
-        p.grad = g[offset : offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
-    for group, lr in zip(optimizer.param_groups, lrs):
-        group["lr"] = lr
-    optimizer.step()
-
-
-def _push(server, worker, seed, lrs):
-    gen = torch.Generator().manual_seed(seed)
-    gradient = torch.randn(server.layout.numel, generator=gen)
-    message = server.messages[worker]
-    message.gradient.copy_(gradient)
-    message.lrs.copy_(torch.tensor(lrs, dtype=torch.float64))
-    return message.gradient.to(torch.float32, copy=True)  # what the server sees, after any wire cast
-
+from helpers import OPTIMIZERS, WORKERS, Net, paper_compensation, param_groups, push_gradient, reference_step, server_and_reference
 
 @pytest.mark.parametrize("path", [None, REFERENCE, FOREACH], ids=["default-path", "reference-path", "foreach-path"])
 @pytest.mark.parametrize("staged", [False, True], ids=["window-backups", "staged-device-path"])
@@ -86,7 +23,7 @@ def test_async_updates_match_naive_reference(optimizer_name, mode, staged, path)
     """``staged`` runs the GPU server's code path (model and backups on the
     device, messages through bounce buffers) with the CPU as the device;
     ``path`` forces one of the update's implementations."""
-    server, model, reference, reference_optimizer, comp = _server(optimizer_name, mode, staged=staged, path=path)
+    server, model, reference, reference_optimizer, comp = server_and_reference(optimizer_name, mode, staged=staged, path=path)
     assert (server.staging is not None) == staged
     # on window memory the C kernel takes every SGD step; elsewhere the compensation is one pass, then torch steps
     if path is None:
@@ -99,16 +36,13 @@ def test_async_updates_match_naive_reference(optimizer_name, mode, staged, path)
     order = [0, 1, 2, 1, 0, 0, 2, 1]
     for i, worker in enumerate(order):
         lrs = [0.1 / (1 + i), 0.05 / (1 + i)]
-        g = _push(server, worker, seed=i, lrs=lrs)
+        g = push_gradient(server, worker, seed=i, lrs=lrs)
         server.apply(worker)
         # the reference: the paper's formula, then the user's optimizer
         w = flat()
-        if mode == "constant":
-            g = g + 0.04 * g * g * (w - backups[worker])
-        elif mode == "adaptive":
-            mean_square = 0.95 * mean_square + 0.05 * g * g
-            g = g + 2.0 / torch.sqrt(mean_square + 1e-7) * g * g * (w - backups[worker])
-        _reference_step(reference_optimizer, params, g, lrs)
+        g = paper_compensation(mode, g, w, backups[worker], {"constant": 0.04, "adaptive": 2.0}.get(mode),
+                               mean_square)
+        reference_step(reference_optimizer, params, g, lrs)
         backups[worker] = flat()
         assert torch.allclose(server.weights, backups[worker], atol=1e-6), f"update {i}"
         assert torch.equal(server.outboxes[worker], server.weights), "outbox holds w_bak(m) = w"
@@ -119,12 +53,12 @@ def test_async_updates_match_naive_reference(optimizer_name, mode, staged, path)
 
 
 def test_per_worker_mean_square_keeps_one_per_worker():
-    server, *_ = _server("sgd", "adaptive", per_worker=True)
+    server, *_ = server_and_reference("sgd", "adaptive", per_worker=True)
     mean_squares = server.update.state.tensors["mean_square"]
     assert len(mean_squares) == WORKERS
     pushed = {}
     for i, worker in enumerate([0, 1, 0]):
-        pushed.setdefault(worker, []).append(_push(server, worker, seed=i, lrs=[0.1, 0.05]))
+        pushed.setdefault(worker, []).append(push_gradient(server, worker, seed=i, lrs=[0.1, 0.05]))
         server.apply(worker)
     g0, g0_again = pushed[0]
     g1 = pushed[1][0]
@@ -135,8 +69,8 @@ def test_per_worker_mean_square_keeps_one_per_worker():
 
 @pytest.mark.parametrize("staged", [False, True], ids=["window-backups", "staged-device-path"])
 def test_fp16_wire_gradient_is_applied_in_float32(staged):
-    server, _, reference, reference_optimizer, _ = _server("sgd", "none", wire=torch.float16, staged=staged)
-    g = _push(server, 1, seed=5, lrs=[0.1, 0.05])
+    server, _, reference, reference_optimizer, _ = server_and_reference("sgd", "none", wire=torch.float16, staged=staged)
+    g = push_gradient(server, 1, seed=5, lrs=[0.1, 0.05])
     before = server.weights.clone()
     server.apply(1)
     n1 = sum(p.numel() for p in reference.fc1.parameters())
@@ -148,8 +82,8 @@ def test_fp16_wire_gradient_is_applied_in_float32(staged):
 
 @pytest.mark.parametrize("staged", [False, True], ids=["window-backups", "staged-device-path"])
 def test_sync_round_averages_and_steps_once(staged):
-    server, _, reference, reference_optimizer, _ = _server("sgd-momentum-wd", "sync", staged=staged)
-    gradients = [_push(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(WORKERS)]
+    server, _, reference, reference_optimizer, _ = server_and_reference("sgd-momentum-wd", "sync", staged=staged)
+    gradients = [push_gradient(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(WORKERS)]
     server.apply_round(list(range(WORKERS)))
     mean = torch.stack(gradients).mean(0)
     offset = 0
@@ -175,10 +109,10 @@ def test_sgd_detection():
 def test_momentum_state_of_the_fused_path_is_the_optimizers_state():
     """The C kernel's momentum buffers are what state_dict() shows, and a
     loaded state (a restore) is what the kernel continues from."""
-    server, _, reference, reference_optimizer, _ = _server("sgd-momentum-wd", "none")
+    server, _, reference, reference_optimizer, _ = server_and_reference("sgd-momentum-wd", "none")
     assert server.update.path == FUSED_SGD
     for i in range(3):
-        g = _push(server, i % WORKERS, seed=i, lrs=[0.1, 0.05])
+        g = push_gradient(server, i % WORKERS, seed=i, lrs=[0.1, 0.05])
         server.apply(i % WORKERS)
         offset = 0
         for p in reference.parameters():
@@ -217,7 +151,7 @@ def test_frozen_parameters_in_the_optimizer_do_not_move():
     server = open_server(load_mpi().COMM_SELF, optimizer, layout, Compensation("constant"), num_workers=1)
     assert server.update.path == FUSED, server.update.why
     for i in range(3):
-        _push(server, 0, seed=i, lrs=[0.1, 0.05])
+        push_gradient(server, 0, seed=i, lrs=[0.1, 0.05])
         server.messages[0].gradient[-2:].zero_()  # the worker sends zeros for a parameter without a gradient
         server.apply(0)
     assert torch.equal(model.fc2.bias.detach(), frozen)
@@ -258,14 +192,11 @@ def test_threaded_kernel_matches_torch(sgd, mode, two_threads):
     backups = [reference.w.detach().clone() for _ in range(2)]
     mean_square = torch.zeros_like(backups[0])
     for i, worker in enumerate([0, 1, 1, 0, 1]):
-        g = _push(server, worker, seed=i, lrs=[0.1])
+        g = push_gradient(server, worker, seed=i, lrs=[0.1])
         server.apply(worker)
         w = reference.w.detach()
-        if mode == "constant":
-            g = g + 0.04 * g * g * (w - backups[worker])
-        elif mode == "adaptive":
-            mean_square = 0.95 * mean_square + 0.05 * g * g
-            g = g + 2.0 / torch.sqrt(mean_square + 1e-7) * g * g * (w - backups[worker])
+        g = paper_compensation(mode, g, w, backups[worker], {"constant": 0.04, "adaptive": 2.0}.get(mode),
+                               mean_square)
         reference.w.grad = g
         reference_optimizer.step()
         backups[worker] = reference.w.detach().clone()
@@ -282,10 +213,10 @@ def test_compressed_gradients_stay_within_rounding_of_the_float32_run(wire, mode
     eps/2 * sum_t lr_t * max|g_t| / (1 - mu)."""
     runs = {}
     for dtype in (torch.float32, wire):
-        server, *_ = _server("sgd-momentum-wd", mode, wire=dtype)
+        server, *_ = server_and_reference("sgd-momentum-wd", mode, wire=dtype)
         budget = 0.0
         for i in range(60):
-            g = _push(server, i % WORKERS, seed=i, lrs=[0.1, 0.05])
+            g = push_gradient(server, i % WORKERS, seed=i, lrs=[0.1, 0.05])
             budget += 0.1 * g.abs().max().item()
             server.apply(i % WORKERS)
         runs[dtype] = server.weights.clone()
@@ -300,12 +231,12 @@ def test_horovod_lr_scaling_applies_each_asynchronous_gradient_at_lr_over_size(s
     Asynchronously each gradient alone moves the weights lr / size(); a sync
     round applies the average at lr; the optimizer keeps showing lr."""
     model = Net()
-    optimizer = torch.optim.SGD(_groups(model), lr=0.3)
+    optimizer = torch.optim.SGD(param_groups(model), lr=0.3)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
     comp = Compensation("none", schedule=schedule, lr_scaling="horovod")
     server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS)
     before = server.weights.clone()
-    gradients = [_push(server, m, seed=m, lrs=[0.3, 0.6]) for m in range(WORKERS)]
+    gradients = [push_gradient(server, m, seed=m, lrs=[0.3, 0.6]) for m in range(WORKERS)]
     n1 = sum(p.numel() for p in model.fc1.parameters())
     if schedule == "async":
         server.apply(0)
@@ -322,8 +253,8 @@ def test_horovod_lr_scaling_applies_each_asynchronous_gradient_at_lr_over_size(s
 
 def test_a_sync_round_without_a_refused_push_averages_the_others(monkeypatch):
     monkeypatch.setenv("HVD_DCASGD_SKIP_BAD_PUSHES", "1")
-    server, _, reference, reference_optimizer, _ = _server("sgd", "sync")
-    gradients = [_push(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(WORKERS)]
+    server, _, reference, reference_optimizer, _ = server_and_reference("sgd", "sync")
+    gradients = [push_gradient(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(WORKERS)]
     server.messages[1].gradient[0] = float("inf")
     before = server.weights.clone()
     server.apply_round(list(range(WORKERS)))

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from conftest import PROGRAMS, TCP, mpirun
+from helpers import PROGRAMS, TCP, mpirun, paper_compensation
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -103,11 +103,8 @@ def _sharded_replay(slices, records, args):
                     break  # this worker's previous push is not answered by every server yet
                 g = gradient(m, k)[shard["offset"]:shard["offset"] + shard["numel"]]
                 w, w_bak = shard["weights"](), shard["backups"][m]
-                if args.compensation == "constant":  # the paper's Eq. 10
-                    g = g + lambda_0 * g * g * (w - w_bak)
-                elif args.compensation == "adaptive":  # section 6: lambda_0 / sqrt(MeanSquare + eps)
-                    shard["mean_square"].mul_(0.95).add_(0.05 * g * g)
-                    g = g + lambda_0 / torch.sqrt(shard["mean_square"] + 1e-7) * g * g * (w - w_bak)
+                if args.compensation in ("constant", "adaptive"):
+                    g = paper_compensation(args.compensation, g, w, w_bak, lambda_0, shard["mean_square"])
                 elif args.compensation == "staleness":  # Zhang et al. 2016: this server's own staleness
                     g = g / max(1, r["staleness"])
                 cut = shard["pieces"][0].numel()

@@ -6,35 +6,20 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits
 
+from helpers import BATCH, SAMPLES, digits_data, digits_model, lr_of_epoch
 from hvd_dcasgd.simulator import (
     EventDriven, RandomOrder, RoundRobin, TraceOrder, error_rate, simulate, steps_per_epoch, worker_batches,
 )
 
 torch.set_num_threads(1)
-SAMPLES, BATCH, EPOCHS = 240, 10, 2  # 240 digits: 60 per worker for 4 workers, 6 steps per worker per epoch
-
-
-def _data():
-    x, y = load_digits(return_X_y=True)
-    x = torch.tensor(x, dtype=torch.float32) / 16.0
-    y = torch.tensor(y)
-    return (x[:SAMPLES], y[:SAMPLES]), (x[SAMPLES : SAMPLES + 200], y[SAMPLES : SAMPLES + 200])
-
-
-def _model():
-    return torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
-
-
-def _lr(epoch):
-    return 0.2 / (1 + int(epoch))  # the simulator asks at fractional epochs; this rate changes once per epoch
+EPOCHS = 2
 
 
 def _run(mode="adaptive", workers=4, delay=None, seed=0, trace=None, epochs=EPOCHS):
-    train, test = _data()
-    return simulate(_model, train, test, compensation=mode, workers=workers, epochs=epochs, batch_size=BATCH,
-                    lr=_lr, delay=delay, seed=seed, trace=trace)
+    train, test = digits_data()
+    return simulate(digits_model, train, test, compensation=mode, workers=workers, epochs=epochs, batch_size=BATCH,
+                    lr=lr_of_epoch, delay=delay, seed=seed, trace=trace)
 
 
 def _trace(path):
@@ -112,12 +97,12 @@ def test_sync_rounds_average_every_worker_once():
 @pytest.mark.parametrize("mode", ["none", "adaptive"])
 def test_one_worker_is_plain_torch_sgd(mode):
     result = _run(mode, workers=1)
-    train, test = _data()
+    train, test = digits_data()
     torch.manual_seed(0)
-    model = _model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=_lr(0))
+    model = digits_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr_of_epoch(0))
     for epoch, batch in worker_batches(SAMPLES, 0, 1, BATCH, EPOCHS, seed=0):
-        optimizer.param_groups[0]["lr"] = _lr(epoch)
+        optimizer.param_groups[0]["lr"] = lr_of_epoch(epoch)
         optimizer.zero_grad()
         F.cross_entropy(model(train[0][batch]), train[1][batch]).backward()
         optimizer.step()
@@ -146,8 +131,8 @@ def test_a_synchronous_round_costs_the_slowest_workers_step():
 
 def test_a_time_budget_lets_fast_workers_draw_more_batches(tmp_path):
     until = 12.0  # virtual time: 12 steps of a fast worker, 4 of the slow one
-    train, test = _data()
-    budgeted = simulate(_model, train, test, compensation="none", workers=4, epochs=3, batch_size=BATCH, lr=_lr,
+    train, test = digits_data()
+    budgeted = simulate(digits_model, train, test, compensation="none", workers=4, epochs=3, batch_size=BATCH, lr=lr_of_epoch,
                         delay=EventDriven([1.0, 1.0, 1.0, 3.0]), until=until, trace=tmp_path / "budget.jsonl")
     pushes = [sum(1 for r in _trace(tmp_path / "budget.jsonl") if r["worker"] == m) for m in range(4)]
     assert pushes == [12, 12, 12, 4], "arrivals at 1, 2, ..., 12 (fast) and 3, 6, 9, 12 (slow)"

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, unavailable
+from helpers import ROOT, unavailable
 from hvd_dcasgd.process import run_command
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]

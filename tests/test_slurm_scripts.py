@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, run
+from helpers import ROOT, run
 
 STAND_IN = """#!/bin/sh
 echo "$(basename "$0") $*"

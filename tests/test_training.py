@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import PROGRAMS, TCP, mpirun
+from helpers import PROGRAMS, TCP, mpirun, paper_compensation
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -76,12 +76,7 @@ def _replay(records, args):
         grads = [worker_model.a.grad.to(wire).float(), worker_model.b.grad.to(wire).float()]
         for p, g, w_bak, mean_square in zip(params, grads, backups[m], mean_squares):
             w = p.detach()
-            if args.compensation == "constant":  # the paper's Eq. 10, lambda_t = lambda_0
-                g = g + lambda_0 * g * g * (w - w_bak)
-            elif args.compensation == "adaptive":  # section 6: lambda_t = lambda_0 / sqrt(MeanSquare + eps)
-                mean_square.mul_(0.95).add_(0.05 * g * g)
-                g = g + lambda_0 / torch.sqrt(mean_square + 1e-7) * g * g * (w - w_bak)
-            p.grad = g
+            p.grad = paper_compensation(args.compensation, g, w, w_bak, lambda_0, mean_square)
         factor = synthetic.lr_factor(k) if args.schedule else 1.0
         if args.lr_scaling == "horovod":  # Horovod's rate is for the average of all workers' gradients
             factor /= WORKERS

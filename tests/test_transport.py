@@ -3,7 +3,7 @@ shared-memory path and on its TCP path (osc/pt2pt, no asynchronous progress)."""
 
 import pytest
 
-from conftest import PROGRAMS, TCP, mpirun
+from helpers import PROGRAMS, TCP, mpirun
 
 pytestmark = [pytest.mark.mpi]
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import run
+from helpers import run
 from hvd_dcasgd import native
 from hvd_dcasgd.tensors import copy_checked_
 

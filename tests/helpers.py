@@ -12,8 +12,10 @@
 import copy
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +69,69 @@ def unavailable(reason, deliberate=False):
 def horovod_installed() -> bool:
     return importlib.util.find_spec("horovod") is not None
 
+
+
+class Job:
+    """One ``mpirun`` of the synthetic program in the background, its output
+    in a file, killed (its process group) if it outlives ``timeout``."""
+
+    def __init__(self, out: Path, *args, workers=3, mca=(), env=None, timeout=120, log="log", launcher=False,
+                 servers=1):
+        self.out, self.timeout, self.ranks = out, timeout, workers + servers
+        self.log = out / log
+        full_env = {**os.environ, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
+        if launcher:  # this project's launcher, as a user runs it
+            start = [sys.executable, str(ROOT / "launch" / "hvd-dcasgd-run"), "-n", str(workers)]
+        else:
+            start = local_command(workers + servers, [], mca)
+        cmd = [*start, str(PROGRAMS / "synthetic.py"), "--out", str(out), *map(str, args)]
+        self.started = time.monotonic()
+        with open(self.log, "w") as log_file:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log_file, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, what, count=1) -> None:
+        """Wait until the output holds ``what`` ``count`` times (or a file ``what`` exists)."""
+        deadline = self.started + self.timeout
+        while time.monotonic() < deadline:
+            if callable(what) and what():
+                return
+            if isinstance(what, str) and self.text().count(what) >= count:
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(f"the job ended (status {self.proc.returncode}) before {what!r}:\n{self.text()[-4000:]}")
+            time.sleep(0.02)
+        self.kill()
+        pytest.fail(f"timed out waiting for {what!r}:\n{self.text()[-4000:]}")
+
+    def pid(self, world_rank: int) -> int:
+        return int((self.out / f"pid{world_rank}").read_text())
+
+    def signal_ranks(self, number, ranks=None) -> None:
+        for rank in range(self.ranks) if ranks is None else ranks:
+            os.kill(self.pid(rank), number)
+
+    def wait(self) -> int:
+        try:
+            self.proc.wait(timeout=max(1.0, self.started + self.timeout - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"timed out after {self.timeout} s (a hang):\n{self.text()[-4000:]}")
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def run_job(out, *args, **kwargs):
+    job = Job(out, *args, **kwargs)
+    status = job.wait()
+    return status, job.text()
 
 
 # --- the paper's formula ---------------------------------------------------

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from helpers import PROGRAMS, TCP, mpirun, paper_compensation
+from helpers import PROGRAMS, TCP, Job, mpirun, paper_compensation, run_job
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -224,7 +224,6 @@ def _check_resumed(tmp_path, lines, servers):
 
 @pytest.mark.parametrize("servers", [2, 3])
 def test_sigterm_stops_every_server_at_one_cut_and_the_same_command_resumes_exactly(tmp_path, servers):
-    from test_reliability import Job, run_job
 
     env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_TRACE": str(tmp_path / "trace"),
            "HVD_DCASGD_SERVERS": str(servers)}
@@ -252,7 +251,6 @@ def test_sigterm_stops_every_server_at_one_cut_and_the_same_command_resumes_exac
 
 
 def test_sigkill_then_every_server_resumes_from_the_newest_cut_they_all_hold(tmp_path):
-    from test_reliability import Job, run_job
 
     servers = 2
     env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_TRACE": str(tmp_path / "trace"),
@@ -282,7 +280,6 @@ def test_a_checkpoint_folder_of_another_number_of_servers_is_refused(tmp_path):
 
 @pytest.mark.parametrize("schedule", ["async", "sync"])
 def test_a_stalled_worker_is_dropped_by_every_server_and_the_others_finish(tmp_path, schedule):
-    from test_reliability import Job
 
     servers = 2
     env = {"HVD_DCASGD_STALL_TIMEOUT": "2", "HVD_DCASGD_SCHEDULE": schedule, "HVD_DCASGD_SERVERS": str(servers)}

@@ -19,7 +19,10 @@ the first server deciding and the others following its orders.  Another
 policy (elastic membership, say) is one more class.  The start and the end
 of a session differ with the number of servers too (which checkpoint to
 resume, the shared trace, the summary, the final weights): those are
-methods here as well, so the session has no branch on the number of servers.
+methods here as well.  A worker's side of the same question -- how the
+servers' slices make one model -- is :class:`Slices` (:class:`OneSlice`,
+:class:`SeveralSlices`).  So the session has no branch on the number of
+servers.
 """
 
 from __future__ import annotations
@@ -37,12 +40,13 @@ from .cuts import Cuts
 from .errors import HvdDcasgdError
 from .layout import ModelLayout
 from .server import ParameterServer
-from .shards import shard_layout, shard_optimizer
+from .shards import Piece, merge_states, shard_layout, shard_optimizer, shard_state
 from .stall import stall_timeout_seconds
 from .telemetry import Telemetry, cut_trace
 from .tensors import broadcast_
 
-__all__ = ["Checkpoint", "Coordination", "OneServer", "SeveralServers", "coordination_for"]
+__all__ = ["Checkpoint", "Coordination", "OneServer", "OneSlice", "SeveralServers", "SeveralSlices", "Slices",
+           "coordination_for", "slices_for"]
 
 
 @dataclass(frozen=True)
@@ -303,3 +307,57 @@ class SeveralServers(Coordination):
 def coordination_for(mpi: Any, servers: Any, count: int, checkpoints: Optional[Checkpoints]) -> Coordination:
     """The coordination of a job with ``count`` servers (``servers``: their communicator)."""
     return OneServer(checkpoints) if count == 1 else SeveralServers(mpi, servers, checkpoints)
+
+
+class Slices:
+    """A worker's view of the servers' slices of the model, with one server:
+    the slice is the whole model.
+
+    Arguments:
+        layout: the whole model's layout.
+        pieces: each server's pieces (:func:`.shards.shard_layout`).
+    """
+
+    def __init__(self, layout: ModelLayout, pieces: List[List[Piece]]):
+        self.layout, self.pieces = layout, pieces
+
+    def state_for(self, state: Any, shard: int) -> Any:
+        """Server ``shard``'s part of the whole model's optimizer state."""
+        return state
+
+    def whole_state(self, states: List[Any]) -> Any:
+        """The whole model's optimizer state from every server's."""
+        return states[0]
+
+    def share_final_weights(self, world: Callable[[], Any], weights: torch.Tensor, first_worker: int) -> None:
+        """After the final exchanges: give every server the whole model (``world()``: every rank still there)."""
+
+    def server_name(self, shard: int) -> Optional[str]:
+        """How messages name server ``shard`` (``None``: by its rank, the default)."""
+        return None
+
+
+OneSlice = Slices
+
+
+class SeveralSlices(Slices):
+    """With several servers, each holds a slice: states are cut and put
+    together (:mod:`.shards`), and the first worker broadcasts the whole
+    model's final weights to every server."""
+
+    def state_for(self, state: Any, shard: int) -> Any:
+        return shard_state(state, self.layout, self.pieces[shard])
+
+    def whole_state(self, states: List[Any]) -> Any:
+        return merge_states(states, self.layout, self.pieces)
+
+    def share_final_weights(self, world: Callable[[], Any], weights: torch.Tensor, first_worker: int) -> None:
+        broadcast_(world(), [weights], root=first_worker)
+
+    def server_name(self, shard: int) -> Optional[str]:
+        return f"server {shard} (MPI rank {shard})"
+
+
+def slices_for(count: int, layout: ModelLayout, pieces: List[List[Piece]]) -> Slices:
+    """A worker's view of ``count`` servers' slices."""
+    return OneSlice(layout, pieces) if count == 1 else SeveralSlices(layout, pieces)

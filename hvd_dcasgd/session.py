@@ -30,7 +30,7 @@ import torch
 
 from .checkpoints import Checkpoints
 from .compensation import Compensation
-from .coordination import Coordination, coordination_for
+from .coordination import Coordination, Slices, coordination_for, slices_for
 from .endpoints import open_server, open_worker_channel
 from .errors import HvdDcasgdError
 from .exits import PREEMPTED, WORKER_DROPPED, abort, flush
@@ -41,7 +41,7 @@ from .preemption import Preempted, signal_name
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
 from .serving import save, serve
-from .shards import Piece, merge_states, shard_layout, shard_state, shard_tensors
+from .shards import Piece, shard_layout, shard_tensors
 from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .tags import SURVIVORS
 from .tensors import broadcast_, snapshot, to_cpu
@@ -288,11 +288,11 @@ class WorkerSession:
     server_holds_weights = True  # broadcasts while training also reach the server
 
     def __init__(self, rt: Runtime, worker: Worker, extras: Dict[str, torch.Tensor], comms: List[Any],
-                 layout: ModelLayout, pieces: List[List[Piece]], pushes_before: int = 0):
-        """``comms[s]`` is server s's session, whose slice of ``layout`` is
-        ``pieces[s]``."""
+                 slices: Slices, pushes_before: int = 0):
+        """``comms[s]`` is server s's session, whose slice of the model is
+        ``slices.pieces[s]``."""
         self.rt, self.worker, self.extras = rt, worker, extras
-        self.comms, self.layout, self.pieces = comms, layout, pieces
+        self.comms, self.slices = comms, slices
         self.lifecycle: Lifecycle = rt.lifecycle
         self.buffers: List[torch.Tensor] = list(extras.values())
         self.requests = [ControlRequests(rt.mpi, comm) for comm in comms]
@@ -318,22 +318,21 @@ class WorkerSession:
         index = {p.data_ptr(): i for i, p in enumerate(self.worker.params)}
         params = {index[t.data_ptr()]: t.detach().cpu() for _, t in items if t.data_ptr() in index}
         extras = {n: t.detach().cpu() for n, t in items if n in self.extras and t.data_ptr() not in index}
-        for requests, pieces in zip(self.requests, self.pieces):
+        for requests, pieces in zip(self.requests, self.slices.pieces):
             requests.ask(SetState(shard_tensors(params, pieces), extras))
 
     def load_optimizer_state(self, state: Dict[str, Any]) -> None:
         """Load an optimizer state on the servers (each its slice of it)."""
         state = to_cpu(state)
-        for requests, pieces in zip(self.requests, self.pieces):
-            requests.ask(LoadOptimizerState(state if len(self.pieces) == 1 else
-                                            shard_state(state, self.layout, pieces)))
+        for shard, requests in enumerate(self.requests):
+            requests.ask(LoadOptimizerState(self.slices.state_for(state, shard)))
 
     def optimizer_state_with_weights(self) -> Dict[str, Any]:
         """The servers' optimizer state, with the model brought to the weights
         of the same moment (this worker's backup from now on), per server."""
         states = [requests.ask(OptimizerStateWithWeights(self.worker.index)) for requests in self.requests]
         self.worker.read()
-        return states[0] if len(states) == 1 else merge_states(states, self.layout, self.pieces)
+        return self.slices.whole_state(states)
 
     def exchange(self) -> None:
         """One step's exchange; then stop the script if the job was asked to
@@ -361,28 +360,25 @@ class WorkerSession:
         for channel in channels:
             channel.wait_closed()
         dropped = sorted({m for channel in channels for m in channel.dropped_workers()})
-        if dropped:  # every server dropped the same workers
-            ends = [survivors(self.rt, comm, dropped) for comm in self.comms]
-            combine_buffers(self.rt.mpi, ends[0][1], self.buffers)
-            for (comm, _), (start, end) in zip(ends, self.worker.slices):
-                final_exchange(comm, list(self.extras.values()), self.worker.weights[start:end], None)
-            if len(ends) > 1:
-                world = survivors(self.rt, self.rt.world, dropped, self.rt.servers)[0]
-                broadcast_(world, [self.worker.weights], root=self.rt.servers)
-            self.rt.ending = lambda: end_without_dropped(self.rt, ends[0][0], "")
-            state = None
+        rt = self.rt
+        if dropped:  # every server dropped the same workers: the end runs among the others
+            ends = [survivors(rt, comm, dropped) for comm in self.comms]
+            comms, workers = [comm for comm, _ in ends], ends[0][1]
         else:
-            combine_buffers(self.rt.mpi, self.rt.workers, self.buffers)
-            states = []
-            for comm, channel, (start, end) in zip(self.comms, channels, self.worker.slices):
-                states.append(final_exchange(comm, list(self.extras.values()), self.worker.weights[start:end], None))
+            comms, workers = self.comms, rt.workers
+        combine_buffers(rt.mpi, workers, self.buffers)
+        states = []
+        for comm, channel, (start, end) in zip(comms, channels, self.worker.slices):
+            states.append(final_exchange(comm, list(self.extras.values()), self.worker.weights[start:end], None))
+            if not dropped:  # with a dropped worker the windows cannot be freed (that is collective with it)
                 channel.free()
-            if len(states) > 1:
-                broadcast_(self.rt.world, [self.worker.weights], root=self.rt.servers)  # to every server
-            state = states[0] if len(states) == 1 else merge_states(states, self.layout, self.pieces)
+        self.slices.share_final_weights(lambda: survivors(rt, rt.world, dropped, rt.servers)[0] if dropped
+                                        else rt.world, self.worker.weights, rt.servers)
+        if dropped:
+            rt.ending = lambda: end_without_dropped(rt, comms[0], "")
         self.worker.load_weights()
-        if state is not None:
-            self.worker.optimizer.load_state_dict(state)
+        if not dropped:
+            self.worker.optimizer.load_state_dict(self.slices.whole_state(states))
         self.lifecycle.finish()
 
 
@@ -510,9 +506,9 @@ class _WorkerOpening:
 
     def __init__(self, rt: Runtime, served: List[Tuple[ModelLayout, List[Piece]]], wire_dtype: torch.dtype,
                  build: Callable[[List[Any]], Worker], extras: Dict[str, torch.Tensor],
-                 slices: List[Tuple[int, int]]):
+                 slices: List[Tuple[int, int]], names: Slices):
         self.rt, self.served, self.wire_dtype, self.build = rt, served, wire_dtype, build
-        self.extras, self.slices = extras, slices
+        self.extras, self.slices, self.names = extras, slices, names
         self.channels: List[Any] = []
         self.worker: Optional[Worker] = None
 
@@ -522,7 +518,7 @@ class _WorkerOpening:
     def open_windows(self, shard: int, comm: Any) -> None:
         self.channels.append(open_worker_channel(comm, self.served[shard][0], self.wire_dtype,
                                                  worker=self.rt.worker_rank, num_workers=self.rt.num_workers,
-                                                 server=_server_name(self.rt, shard)))
+                                                 server=self.names.server_name(shard)))
         if len(self.channels) == len(self.served):
             self.worker = self.build(self.channels)
 
@@ -533,11 +529,6 @@ class _WorkerOpening:
     def start_tensors(self, shard: int) -> List[torch.Tensor]:
         start, end = self.slices[shard]
         return [self.worker.weights[start:end], *self.extras.values()]
-
-
-def _server_name(rt: Runtime, shard: int) -> Optional[str]:
-    """How messages name server ``shard`` (the default with one server)."""
-    return None if rt.servers == 1 else f"server {shard} (MPI rank {shard})"
 
 
 def start_worker(
@@ -559,9 +550,10 @@ def start_worker(
         agree(rt, comm, layout, compensation, wire_dtype, check_finite)
     extras = _extras(model, optimizer)
     served = [shard_layout(layout, start, end) for start, end in slices]
+    servers = slices_for(rt.servers, layout, [pieces for _, pieces in served])
     opening = _WorkerOpening(rt, served, wire_dtype,
                              lambda channels: Worker(optimizer, layout, channels, wire_dtype, check_finite, slices),
-                             extras, slices)
+                             extras, slices, servers)
     resumed = start(comms, opening)
     worker = opening.worker
     pushes_before = 0
@@ -569,7 +561,7 @@ def start_worker(
         worker.read()
         pushes_before = resumed.pushes[rt.worker_rank]
     worker.load_weights()
-    session = WorkerSession(rt, worker, extras, comms, layout, [pieces for _, pieces in served], pushes_before)
+    session = WorkerSession(rt, worker, extras, comms, servers, pushes_before)
     rt.session = session
     rt.lifecycle.start_training(stops_on_signal=True)
     return session

@@ -3,12 +3,16 @@ every rank, uneven workers, one-process runs, and bad launches failing fast."""
 
 import json
 import re
+import signal
 import sys
 
 import pytest
 import torch
 
 from helpers import PROGRAMS, TCP, mpirun, python, run
+
+from hvd_dcasgd.errors import HvdDcasgdError
+from hvd_dcasgd.lifecycle import Lifecycle, Phase
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -269,3 +273,31 @@ def test_mpi_imported_after_hvd_dcasgd_works_on_every_path(mca):
     result = mpirun(3, PROGRAMS / "import_order.py", "hvd-first", mca=mca, timeout=60)
     assert result.returncode == 0, result.stdout
     assert "worker 0 done" in result.stdout and "worker 1 done" in result.stdout, result.stdout
+
+
+def test_a_ranks_lifecycle_moves_forward_only_and_signals_only_inform_it():
+    """The phases of one rank: a signal is taken only while training (the
+    first one; a second, or one outside a session, does what it did before),
+    a stop records where, and a move backwards is a sentence."""
+    lifecycle = Lifecycle()
+    assert lifecycle.phase is Phase.STARTING
+    assert not lifecycle.signal_received(signal.SIGTERM), "before the session: the signal does what it did"
+    lifecycle.start_training(stops_on_signal=True)
+    assert lifecycle.signal_received(signal.SIGUSR1) and lifecycle.asked_to_stop
+    assert not lifecycle.signal_received(signal.SIGTERM), "a second signal does what it did before"
+    assert lifecycle.signal == signal.SIGUSR1 and lifecycle.phase is Phase.TRAINING, "informed, not moved"
+    lifecycle.stop(at=12)
+    lifecycle.stop(at=15)
+    assert (lifecycle.phase, lifecycle.stopped_at, lifecycle.stopped) == (Phase.STOPPING, 12, True)
+    lifecycle.end()
+    assert not Lifecycle().signal_received(signal.SIGTERM)
+    with pytest.raises(HvdDcasgdError, match="cannot go from ending to training"):
+        lifecycle.move(Phase.TRAINING)
+    lifecycle.finish()
+    assert lifecycle.phase is Phase.FINISHED
+
+
+def test_horovods_baseline_leaves_signals_as_they_were():
+    lifecycle = Lifecycle()
+    lifecycle.start_training(stops_on_signal=False)
+    assert not lifecycle.signal_received(signal.SIGTERM) and not lifecycle.asked_to_stop

@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import torch
 
 from . import preemption
-from .checkpoints import Checkpoints
+from .checkpoints import Checkpoints, estimate_bytes, open_checkpoints
 from .cuts import Cuts
 from .compensation import Compensation
 from .config import setting
@@ -265,7 +265,8 @@ class ServerSession:
         self._report()
         if server.stopped_at is not None:
             saved = f"checkpoint {self.last_checkpoint}" if self.last_checkpoint else \
-                "nothing saved (no HVD_DCASGD_CHECKPOINT_DIR)"
+                "nothing saved (no HVD_DCASGD_CHECKPOINT_DIR)" if self.checkpoints is None else \
+                "its checkpoint could not be written (see the warning above; the previous ones are kept)"
             print(f"{server.telemetry.name}: stopped at update {server.stopped_at}, asked by "
                   f"{preemption.signal_name(preemption.requested())}: {saved}; exit status {PREEMPTED} (preempted): "
                   "run the same command again to resume.", file=sys.stderr)
@@ -517,7 +518,8 @@ def run_server(
         broadcast_(rt.workers, [*params, *extras.values()], root=0)
         served_layout, pieces = shard_layout(layout, *slices[rt.shard])
         served_optimizer = shard_optimizer(optimizer, layout, pieces)
-    checkpoints, found, number = _on_server(rt, comm, lambda: _open_checkpoints(rt, checkpoint_dir))
+    needs = estimate_bytes(served_layout.numel, served_layout.dtype, rt.num_workers, extras)
+    checkpoints, found, number = _on_server(rt, comm, lambda: _open_checkpoints(rt, checkpoint_dir, needs))
     telemetry = _open_trace(rt, trace_path, slices[rt.shard], int(found[1]["updates"]) if found else None)
     server = open_server(comm, served_optimizer, served_layout, compensation, num_workers=rt.num_workers,
                          wire_dtype=wire_dtype, device=device, telemetry=telemetry,
@@ -534,32 +536,11 @@ def run_server(
     sys.exit(session.exit_status)
 
 
-def _open_checkpoints(rt: Runtime, folder: Optional[str]) -> Tuple[Optional[Checkpoints], Any, Optional[int]]:
+def _open_checkpoints(rt: Runtime, folder: Optional[str], needs: int) -> Tuple[Optional[Checkpoints], Any, Optional[int]]:
     """This server's checkpoint folder, the checkpoint to resume from (path,
-    content) and, with several servers, its cut's number: the newest cut
-    every server holds (the servers agree on it, collective among them)."""
-    problem, checkpoints = None, None
-    try:
-        checkpoints = Checkpoints.from_settings(folder, rt.shard, rt.servers)
-    except HvdDcasgdError as exc:
-        problem = exc
-    if rt.servers == 1:
-        if problem is not None:
-            raise problem
-        return checkpoints, (checkpoints.newest() if checkpoints is not None else None), None
-    held = rt.workers.allgather(None if checkpoints is None else [n for n, _ in checkpoints.paths()])
-    if problem is not None:
-        raise problem
-    if checkpoints is None:
-        return None, None, None
-    if any(numbers is None for numbers in held):
-        raise HvdDcasgdError(f"hvd_dcasgd: server {held.index(None)} could not open its checkpoint folder")
-    common = set.intersection(*(set(numbers) for numbers in held))
-    if not common and any(held):
-        raise HvdDcasgdError(f"hvd_dcasgd: the servers' checkpoints in {checkpoints.top} ({held}) share no cut; "
-                             "they cannot be resumed together (another HVD_DCASGD_CHECKPOINT_DIR starts afresh)")
-    number = max(common) if common else None
-    return checkpoints, (checkpoints.newest(number) if number is not None else None), number
+    content) and, with several servers, its cut's number: the newest whole
+    cut every server holds (the servers agree on it, collective among them)."""
+    return open_checkpoints(folder, rt.shard, rt.servers, rt.workers if rt.servers > 1 else None, needs)
 
 
 def start_worker(

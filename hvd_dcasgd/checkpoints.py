@@ -66,7 +66,7 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         code = errno.errorcode.get(exc.errno or 0)
         return f"{exc.strerror}{f' ({code})' if code else ''}"
-    return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {str(exc).split('. ')[0].strip()}"  # torch's first sentence says what
 
 
 def _digest(value: Any, h: Any) -> None:
@@ -138,9 +138,10 @@ class Checkpoints:
                 os.close(handle)
                 os.unlink(probe)
         except OSError as exc:
-            raise HvdDcasgdError(f"hvd_dcasgd: cannot use checkpoint folder {folder}: cannot write there "
-                                 f"({_reason(exc)}); give HVD_DCASGD_CHECKPOINT_DIR a folder this job can write "
-                                 "in") from None
+            why = "it is a file, not a folder" if self.folder.exists() and not self.folder.is_dir() else \
+                f"cannot write there ({_reason(exc)})"
+            raise HvdDcasgdError(f"hvd_dcasgd: cannot use checkpoint folder {folder}: {why}; give "
+                                 "HVD_DCASGD_CHECKPOINT_DIR a folder this job can write in") from None
         self.lock = FolderLock(self.folder / LOCK)
         try:
             self.lock.acquire()

@@ -233,7 +233,7 @@ def test_a_failed_checkpoint_write_warns_keeps_the_previous_ones_and_training_go
     folder = small_disk("16m") / "checkpoints"
     env = {"HVD_DCASGD_CHECKPOINT_DIR": str(folder), "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.3",
            "HVD_DCASGD_TRACE": str(tmp_path / "trace")}
-    args = [*TRAINING[:2], 400, *TRAINING[4:], "--step-time", 0.02, "--big", 250_000]  # 1 MB checkpoints
+    args = ["--steps", 400, "--step-time", 0.02, *TRAINING[4:], "--big", 250_000]  # 1 MB checkpoints
     job = Job(tmp_path, *args, env=env, timeout=300)
     job.wait_for(lambda: len(_numbered(folder)) == 2)
     filler = _fill(folder.parent)

@@ -43,7 +43,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -231,19 +231,6 @@ class Checkpoints:
             if not ok:
                 raise ValueError("its content does not match the checksum stored with it")
         return state
-
-    def newest(self, number: Optional[int] = None) -> Optional[Tuple[Path, Dict[str, Any]]]:
-        """The newest checkpoint's path and content (with ``number``, that
-        checkpoint's), or ``None`` if there is none; one that cannot be read
-        or fails its checksum raises a sentence naming it."""
-        paths = self.paths() if number is None else [(n, p) for n, p in self.paths() if n == number]
-        if not paths:
-            return None
-        path = paths[-1][1]
-        try:
-            return path, self.read(path)
-        except ValueError as exc:
-            raise HvdDcasgdError(f"hvd_dcasgd: cannot read checkpoint {path}: {exc}") from None
 
     def set_aside(self, path: Path, why: str) -> None:
         """Move ``path`` into ``set-aside/`` (never read from there), warning."""

@@ -536,7 +536,8 @@ def run_server(
     sys.exit(session.exit_status)
 
 
-def _open_checkpoints(rt: Runtime, folder: Optional[str], needs: int) -> Tuple[Optional[Checkpoints], Any, Optional[int]]:
+def _open_checkpoints(rt: Runtime, folder: Optional[str],
+                      needs: int) -> Tuple[Optional[Checkpoints], Any, Optional[int]]:
     """This server's checkpoint folder, the checkpoint to resume from (path,
     content) and, with several servers, its cut's number: the newest whole
     cut every server holds (the servers agree on it, collective among them)."""

@@ -7,11 +7,11 @@ file permissions are no obstacle)."""
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -180,6 +180,16 @@ def test_a_second_job_on_a_folder_in_use_is_refused_and_the_first_goes_on(tmp_pa
     assert [p.name for p in _numbered(folder)] and not (folder / LOCK).exists()
 
 
+@pytest.mark.mpi
+def test_a_checkpoint_folder_that_is_a_file_is_a_sentence_on_every_rank(tmp_path):
+    (tmp_path / "checkpoints").write_text("not a folder")
+    status, log = run_job(tmp_path, "--steps", 3, env={"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints")},
+                          timeout=60)
+    assert status != 0, log
+    assert log.count(f"cannot use checkpoint folder {tmp_path / 'checkpoints'}: it is a file, not a folder") \
+        == WORKERS + 1, log
+
+
 @pytest.fixture
 def small_disk(tmp_path):
     """``small_disk(size)``: a folder on a tmpfs of that size (``mount -t tmpfs``), unmounted afterwards."""
@@ -282,3 +292,22 @@ def test_weights_holding_nan_or_inf_are_never_written_over_good_checkpoints(tmp_
         warnings.simplefilter("error")
         assert server.checkpoint(checkpoints).name == f"checkpoint-{server.updates:09d}.pt"
     checkpoints.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_a_job_whose_weights_diverge_keeps_its_last_finite_checkpoints(tmp_path):
+    """Halfway, one push's finite step overflows the weights to Inf: every
+    checkpoint due after that, the final one included, is refused, and the
+    two kept are finite."""
+    folder = tmp_path / "checkpoints"
+    status, log = run_job(tmp_path, *TRAINING, "--bad", "diverge",
+                          env={"HVD_DCASGD_CHECKPOINT_DIR": str(folder), "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.1"})
+    assert status == 0, log
+    assert "the server's weights hold NaN or Inf at update" in log and "not written in" in log, log
+    kept = _numbered(folder)
+    assert len(kept) == 2, kept
+    for path in kept:
+        assert torch.isfinite(Checkpoints.read(path)["weights"]).all(), path
+    final = int(re.search(r"hvd_dcasgd server: (\d+) updates", log).group(1))
+    assert int(kept[-1].name[11:20]) < final, log  # the final one, at the end, was refused

@@ -34,10 +34,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .checkpoints import Checkpoints
+from .checkpoints import Checkpoints, open_checkpoints
 from .config import setting
 from .cuts import Cuts
-from .errors import HvdDcasgdError
 from .layout import ModelLayout
 from .server import ParameterServer
 from .shards import Piece, merge_states, shard_layout, shard_optimizer, shard_state
@@ -104,10 +103,12 @@ class Coordination:
         trained parameters and the rest of the model's state)."""
         return layout, optimizer
 
-    def resumable(self, checkpoints: Optional[Checkpoints],
-                  problem: Optional[Exception] = None) -> Optional[Tuple[Any, Any]]:
-        """The checkpoint to resume from (path, content), or ``None``;
-        ``problem`` is why this server could not open its folder (raised)."""
+    def open_checkpoints(self, folder: Optional[str], shard: int, needs: int) -> Optional[Tuple[Any, Any]]:
+        """Open this server's checkpoint folder (kept as :attr:`checkpoints`)
+        and return the checkpoint to resume from (path, content), or ``None``
+        (:func:`.checkpoints.open_checkpoints`: the newest whole one; with
+        several servers, the newest whole cut of one run that every server
+        holds).  ``needs``: the bytes of one checkpoint, by estimate."""
         raise NotImplementedError
 
     def open_trace(self, num_workers: int, path: Optional[str], slice_: Tuple[int, int],
@@ -146,11 +147,9 @@ class OneServer(Coordination):
             return Checkpoint()
         return None
 
-    def resumable(self, checkpoints: Optional[Checkpoints],
-                  problem: Optional[Exception] = None) -> Optional[Tuple[Any, Any]]:
-        if problem is not None:
-            raise problem
-        return checkpoints.newest() if checkpoints is not None else None
+    def open_checkpoints(self, folder: Optional[str], shard: int, needs: int) -> Optional[Tuple[Any, Any]]:
+        self.checkpoints, found, _ = open_checkpoints(folder, needs=needs)
+        return found
 
     def open_trace(self, num_workers: int, path: Optional[str], slice_: Tuple[int, int],
                    resume_from: Optional[int]) -> Telemetry:
@@ -239,26 +238,13 @@ class SeveralServers(Coordination):
         served_layout, pieces = shard_layout(layout, *slice_)
         return served_layout, shard_optimizer(optimizer, layout, pieces)
 
-    def resumable(self, checkpoints: Optional[Checkpoints],
-                  problem: Optional[Exception] = None) -> Optional[Tuple[Any, Any]]:
-        """The newest cut every server holds (the servers agree on it,
-        collective among them); :attr:`.cuts.Cuts.number` counts on from it."""
-        held = self.servers.allgather(None if checkpoints is None else [n for n, _ in checkpoints.paths()])
-        if problem is not None:
-            raise problem
-        if checkpoints is None:
-            return None
-        if any(numbers is None for numbers in held):
-            raise HvdDcasgdError(f"hvd_dcasgd: server {held.index(None)} could not open its checkpoint folder")
-        common = set.intersection(*(set(numbers) for numbers in held))
-        if not common and any(held):
-            raise HvdDcasgdError(f"hvd_dcasgd: the servers' checkpoints in {checkpoints.top} ({held}) share no "
-                                 "cut; they cannot be resumed together (another HVD_DCASGD_CHECKPOINT_DIR starts "
-                                 "afresh)")
-        if not common:
-            return None
-        self.cuts.number = max(common)
-        return checkpoints.newest(self.cuts.number)
+    def open_checkpoints(self, folder: Optional[str], shard: int, needs: int) -> Optional[Tuple[Any, Any]]:
+        """Collective among the servers: they agree on the cut before any
+        loads; :attr:`.cuts.Cuts.number` counts on from it."""
+        self.checkpoints, found, number = open_checkpoints(folder, shard, self.servers.Get_size(), self.servers, needs)
+        if number is not None:
+            self.cuts.number = number
+        return found
 
     def open_trace(self, num_workers: int, path: Optional[str], slice_: Tuple[int, int],
                    resume_from: Optional[int]) -> Telemetry:

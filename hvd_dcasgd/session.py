@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 
 import torch
 
-from .checkpoints import Checkpoints
+from .checkpoints import estimate_bytes
 from .compensation import Compensation
 from .coordination import Coordination, Slices, coordination_for, slices_for
 from .endpoints import open_server, open_worker_channel
@@ -264,7 +264,8 @@ class ServerSession:
         self.coordination.report(server.telemetry)
         if self.lifecycle.stopped:
             saved = f"checkpoint {self.last_checkpoint}" if self.last_checkpoint else \
-                "nothing saved (no HVD_DCASGD_CHECKPOINT_DIR)"
+                "nothing saved (no HVD_DCASGD_CHECKPOINT_DIR)" if self.coordination.checkpoints is None else \
+                "its checkpoint could not be written (see the warning above; the previous ones are kept)"
             print(f"{server.telemetry.name}: stopped at update {self.lifecycle.stopped_at}, asked by "
                   f"{signal_name(self.lifecycle.signal)}: {saved}; exit status {PREEMPTED} (preempted): "
                   "run the same command again to resume.", file=sys.stderr)
@@ -431,13 +432,8 @@ class _ServerOpening:
     def find_checkpoint(self) -> None:
         """This server's checkpoint folder and the checkpoint to resume from
         (with several servers, the newest cut every server holds)."""
-        checkpoints, problem = None, None
-        try:
-            checkpoints = Checkpoints.from_settings(self.checkpoint_dir, self.rt.shard, self.rt.servers)
-        except HvdDcasgdError as exc:
-            problem = exc
-        self.found = self.coordination.resumable(checkpoints, problem)
-        self.coordination.checkpoints = checkpoints
+        needs = estimate_bytes(self.layout.numel, self.layout.dtype, self.rt.num_workers, self.extras)
+        self.found = self.coordination.open_checkpoints(self.checkpoint_dir, self.rt.shard, needs)
 
     def open_windows(self, shard: int, comm: Any) -> None:
         telemetry = self.coordination.open_trace(self.rt.num_workers, self.trace_path, self.slice,

@@ -13,6 +13,7 @@ import time
 from collections import Counter
 from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
+from .errors import warn
 from .files import atomic_write
 
 
@@ -164,17 +165,49 @@ class Telemetry:
         self.write(path, self.summary_dict())
 
 
+def read_trace(path: str) -> List[Dict[str, Any]]:
+    """The records of the trace at ``path``, in order.  A line that is not
+    whole -- the last one cut short by a SIGKILL while it was written, or,
+    with several servers appending, one cut short and followed on the same
+    line by another server's whole one -- is dropped with a warning naming
+    the line; a whole record after it on that line is kept."""
+    records, decoder = [], json.JSONDecoder()
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                records.append(json.loads(line))
+                continue
+            except ValueError:
+                pass
+            rest = None  # a whole record after the cut: from the last "{" that parses to the end
+            for start in (i for i in range(len(line) - 1, 0, -1) if line[i] == "{"):
+                try:
+                    record, end = decoder.raw_decode(line, start)
+                except ValueError:
+                    continue
+                if end == len(line) and isinstance(record, dict):
+                    rest = record
+                break
+            warn(f"the trace {path} has a line cut short at line {number} (a job killed while writing it): "
+                 f"dropped {line[:40]!r}{' ...' if len(line) > 40 else ''}", stacklevel=3)
+            if rest is not None:
+                records.append(rest)
+    return records
+
+
 def cut_trace(path: str, updates: Dict[Optional[int], Optional[int]]) -> None:
     """Keep the lines of ``path`` about updates before ``updates[s]``, s
     being a line's ``"shard"`` (``None`` for one server's lines; a server
-    missing or at ``None`` keeps nothing but its first line)."""
-    def before(line: str) -> bool:
-        record = json.loads(line)
+    missing or at ``None`` keeps nothing but its first line); lines cut
+    short are dropped (:func:`read_trace`), every kept one ends the line."""
+    def before(record: Dict[str, Any]) -> bool:
         if "offset" in record:  # a server's first line
             return True
         update = updates.get(record.get("shard"))
         return update is not None and record.get("update", record.get("sent", 0)) < update
 
-    with open(path) as f:
-        kept = [line for line in f if line.strip() and before(line)]
+    kept = [json.dumps(record) + "\n" for record in read_trace(path) if before(record)]
     atomic_write(path, lambda out: out.writelines(kept))

@@ -88,7 +88,7 @@ def parse_args(argv=None):
                                                         "groups", "schedule", "nan", "nan-skip", "fp16-overflow",
                                                         "nan-lr", "negative-lr", "nan-unchecked", "stall", "hang",
                                                         "exit-early", "exit-early-status", "raise-early",
-                                                        "thread", "atexit-raise", "server-raise"])
+                                                        "thread", "atexit-raise", "server-raise", "diverge"])
     parser.add_argument("--snapshot-at", type=int, default=None, help="worker 0 saves model and optimizer then")
     parser.add_argument("--restarted-steps", type=int, default=None,
                         help="once SLURM has restarted the job (SLURM_RESTART_COUNT), this many steps more")
@@ -171,6 +171,9 @@ def main():
             time.sleep(600)
         if args.bad == "nan-unchecked" and hvd.rank() == 1 and k == 3:  # the worker's own check is off
             model.b.grad[0] = float("nan")
+        if args.bad == "diverge" and hvd.rank() == 1 and k == args.steps // 2:  # finite, the step overflows
+            model.b.grad[0] = 3e38
+            optimizer.param_groups[1]["lr"] = 10.0
         if args.bad == "fp16-overflow" and hvd.rank() == 1 and k == 3:
             model.b.grad[0] = 1e5  # finite, beyond float16's largest value (65504)
         try:
@@ -182,7 +185,7 @@ def main():
             else:
                 optimizer.step()
         except hvd.HvdDcasgdError:
-            if args.bad != "nan-skip":
+            if args.bad not in ("nan-skip", "diverge"):  # diverged weights: every later gradient is NaN
                 raise
             skipped += 1
         if args.snapshot_at == k and hvd.rank() == 0:  # a checkpoint saved by the script, Horovod's way

@@ -10,6 +10,7 @@
 """
 
 import copy
+import json
 import importlib.util
 import os
 import signal
@@ -25,9 +26,10 @@ from sklearn.datasets import load_digits
 from hvd_dcasgd.compensation import Compensation
 from hvd_dcasgd.endpoints import open_server
 from hvd_dcasgd.launch import local_command
-from hvd_dcasgd.layout import ModelLayout
+from hvd_dcasgd.layout import ModelLayout, flatten_into
 from hvd_dcasgd.mpi import load_mpi
 from hvd_dcasgd.process import run_command
+from hvd_dcasgd.update import ServerUpdate
 
 # --- jobs ------------------------------------------------------------------
 ROOT = Path(__file__).resolve().parent.parent
@@ -272,3 +274,173 @@ def lr_of_epoch(epoch):
     return 0.2 / (1 + int(epoch))  # the simulator asks at fractional epochs; this rate changes once per epoch
 
 
+# The synthetic job (tests/programs/synthetic.py): its trace, and replays of
+# it that end bit for bit where the job ends.
+
+sys.path.insert(0, str(PROGRAMS))
+import synthetic  # noqa: E402
+
+FLAT = synthetic.DIM_A + synthetic.DIM_B  # a, then b: the flat vector
+
+
+def trace(path: Path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def replay_exactly(records, args, workers=WORKERS, at_sent=None):
+    """The weights the server ends with, computed in one process with its own
+    update (compensation, then the optimizer's step, on one flat vector),
+    following the trace line by line; ``at_sent(weights, optimizer)`` is
+    called where the trace says weights were sent outside a push."""
+    torch.manual_seed(1000)  # the server rank's seed: its weights are the initial ones
+    model = synthetic.Model()
+    optimizer = synthetic.make_optimizer(model, args)
+    layout = ModelLayout.of(optimizer, model.named_parameters())
+    params = [model.a, model.b]
+    weights = torch.empty(layout.numel, dtype=layout.dtype)
+    flatten_into(weights, layout.views(weights), [p.detach() for p in params])
+    grad = torch.zeros_like(weights)
+    for p, weight, g in zip(params, layout.views(weights), layout.views(grad)):
+        p.data, p.grad = weight, g
+    update = ServerUpdate(optimizer, layout, Compensation(mode=args.compensation), weights, grad, workers,
+                          staged=False)
+    backups = [weights.clone() for _ in range(workers)]
+    lrs = [group["lr"] for group in optimizer.param_groups]
+    for r in records:
+        m = r["worker"]
+        if "sent" in r:  # a snapshot: the worker got the weights of this moment
+            backups[m].copy_(weights)
+            if at_sent is not None:
+                at_sent(layout.views(weights), optimizer)
+            continue
+        worker_model = synthetic.Model()
+        with torch.no_grad():
+            worker_model.a.copy_(layout.views(backups[m])[0])
+            worker_model.b.copy_(layout.views(backups[m])[1])
+        synthetic.backward_passes(worker_model, m, r["step"], args)
+        gradient = torch.empty_like(weights)
+        flatten_into(gradient, layout.views(gradient), [worker_model.a.grad, worker_model.b.grad])
+        update(gradient, backups[m], m, lrs)
+        backups[m].copy_(weights)
+    return layout.views(weights)
+
+
+def check_history(records, steps):
+    """Update numbers 0..n-1 once each, in order; every worker's steps 0..steps-1 once each, in order."""
+    records = [r for r in records if "update" in r]
+    assert [r["update"] for r in records] == list(range(len(records)))
+    for m in range(WORKERS):
+        assert [r["step"] for r in records if r["worker"] == m] == list(range(steps)), m
+
+
+def check_final_weights(out, records, args, at_sent=None):
+    a, b = replay_exactly(records, args, at_sent=at_sent)
+    for m in range(WORKERS):
+        final = torch.load(out / f"worker{m}.pt", weights_only=True)
+        assert torch.equal(final["a"], a) and torch.equal(final["b"], b), m
+
+
+TRAINING = ["--steps", 40, "--step-time", 0.03, "--compensation", "adaptive", "--momentum", 0.9]
+
+
+def flat_ab(state):
+    return torch.cat([state["a"].reshape(-1), state["b"].reshape(-1)])
+
+
+def per_shard(lines, servers, sync=False):
+    """Each server's slice and its records, in the order it applied them."""
+    heads = {r["shard"]: (r["offset"], r["numel"]) for r in lines if "offset" in r}
+    assert sorted(heads) == list(range(servers)), "one first line per server"
+    slices = [heads[s] for s in range(servers)]
+    assert slices[0][0] == 0 and sum(n for _, n in slices) == FLAT
+    assert all(o1 + n1 == o2 for (o1, n1), (o2, _) in zip(slices, slices[1:])), "contiguous, in order"
+    records = [[r for r in lines if r.get("shard") == s and "update" in r] for s in range(servers)]
+    for rs in records:
+        updates = [r["update"] for r in rs]
+        if sync:  # one update per round of every worker's push
+            assert updates == [u for u in range(len(rs) // WORKERS) for _ in range(WORKERS)]
+        else:
+            assert updates == list(range(len(rs))), "one update per push, in order, per server"
+    return slices, records
+
+
+def sharded_replay(slices, records, args):
+    """Replay every server's trace at once, sharing no code with the package:
+    the gradient of push (m, k) is computed on the whole model worker m held
+    then (from each server, the weights it answered push k-1 with), each
+    server compensates and steps its slice with a fresh torch optimizer over
+    its pieces, in the order of its own trace."""
+    torch.manual_seed(1000)  # the first server's seed: its weights are the initial ones
+    initial = synthetic.Model()
+    flat0 = torch.cat([initial.a.detach(), initial.b.detach()])
+    lambda_0 = {"constant": 0.04, "adaptive": 2.0}.get(args.compensation, 0.0)
+    shards = []
+    for offset, numel in slices:
+        weights = flat0[offset:offset + numel].clone()
+        cut = max(0, min(numel, synthetic.DIM_A - offset))  # where b starts in this slice
+        pieces = [weights[:cut].clone().requires_grad_(), weights[cut:].clone().requires_grad_()]
+        groups = [{"params": [p for p in pieces[:1] if p.numel()]},
+                  {"params": [p for p in pieces[1:] if p.numel()], "lr": args.lr * 0.5}]
+        if args.optimizer == "adam":
+            optimizer = torch.optim.Adam(groups, lr=args.lr, weight_decay=args.weight_decay)
+        else:
+            optimizer = torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                                        nesterov=args.nesterov)
+        shards.append({"offset": offset, "numel": numel, "pieces": pieces, "optimizer": optimizer,
+                       "backups": {m: flat0[offset:offset + numel].clone() for m in range(WORKERS)},
+                       "mean_square": torch.zeros(numel), "weights": lambda ps=pieces: torch.cat([p.detach() for p in ps])})
+    sent = {}  # (server, worker, push) -> the weights that server answered it with
+    position = [0] * len(shards)
+
+    def gradient(m, k):
+        whole = torch.cat([sent[(s, m, k - 1)] if k else flat0[sh["offset"]:sh["offset"] + sh["numel"]]
+                           for s, sh in enumerate(shards)])
+        model = synthetic.Model()
+        with torch.no_grad():
+            model.a.copy_(whole[:synthetic.DIM_A])
+            model.b.copy_(whole[synthetic.DIM_A:])
+        synthetic.backward_passes(model, m, k, args)
+        return torch.cat([model.a.grad, model.b.grad])
+
+    while any(p < len(rs) for p, rs in zip(position, records)):
+        moved = False
+        for s, shard in enumerate(shards):
+            while position[s] < len(records[s]):
+                r = records[s][position[s]]
+                m, k = r["worker"], r["step"]
+                if k and any((t, m, k - 1) not in sent for t in range(len(shards))):
+                    break  # this worker's previous push is not answered by every server yet
+                g = gradient(m, k)[shard["offset"]:shard["offset"] + shard["numel"]]
+                w, w_bak = shard["weights"](), shard["backups"][m]
+                if args.compensation in ("constant", "adaptive"):
+                    g = paper_compensation(args.compensation, g, w, w_bak, lambda_0, shard["mean_square"])
+                elif args.compensation == "staleness":  # Zhang et al. 2016: this server's own staleness
+                    g = g / max(1, r["staleness"])
+                cut = shard["pieces"][0].numel()
+                shard["pieces"][0].grad, shard["pieces"][1].grad = g[:cut].clone(), g[cut:].clone()
+                optimizer = shard["optimizer"]
+                optimizer.param_groups[0]["lr"] = args.lr
+                optimizer.param_groups[1]["lr"] = args.lr * 0.5
+                optimizer.step()
+                shard["backups"][m] = shard["weights"]()
+                sent[(s, m, k)] = shard["backups"][m].clone()
+                position[s] += 1
+                moved = True
+        assert moved, "no server can go on: the traces are not those of one run"
+    return [shard["weights"]() for shard in shards]
+
+
+def check_resumed_sharded(tmp_path, lines, servers):
+    """The concatenated trace of the interrupted and the resumed job replays,
+    server by server, to the final weights every rank holds."""
+    slices, records = per_shard(lines, servers)  # each server's update numbers continue across the restart
+    for rs in records:
+        for m in range(WORKERS):
+            assert [r["step"] for r in rs if r["worker"] == m] == list(range(40))
+    expected = sharded_replay(slices, records, synthetic.parse_args(list(map(str, TRAINING))))
+    final = flat_ab(torch.load(tmp_path / "worker0.pt"))
+    for (offset, numel), weights in zip(slices, expected):
+        assert torch.allclose(final[offset:offset + numel], weights, atol=1e-5), (offset, numel)
+    for path in [*(tmp_path / f"worker{m}.pt" for m in range(1, WORKERS)), tmp_path / "server.pt",
+                 *(tmp_path / f"server{s}.pt" for s in range(1, servers))]:
+        assert torch.equal(flat_ab(torch.load(path)), final), path

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PROGRAMS, unavailable
 
 from hvd_dcasgd.checkpoints import LOCK, Checkpoints, checksum
 from hvd_dcasgd.compensation import Compensation
@@ -28,7 +27,8 @@ from hvd_dcasgd.layout import ModelLayout
 from hvd_dcasgd.mpi import load_mpi
 from hvd_dcasgd.telemetry import cut_trace, read_trace
 
-from test_reliability import TRAINING, WORKERS, Job, check_final_weights, check_history, run_job, trace
+from helpers import (PROGRAMS, TRAINING, WORKERS, Job, check_final_weights, check_history, check_resumed_sharded,
+                     run_job, trace, unavailable)
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -78,7 +78,7 @@ def test_a_damaged_newest_checkpoint_and_a_torn_trace_line_resume_exactly_from_t
     assert status == 0, log
     assert f"checkpoint {newest} is skipped: {why}" in log, log
     assert f": moved to {folder / 'set-aside' / newest.name}" in log, log
-    assert f"has a line cut short at line" in log and "dropped '{\"update\": 100000" in log, log
+    assert "has a line cut short at line" in log and "dropped '{\"update\": 100000" in log, log
     resumed_from = int(older.name[11:20])
     assert f"resuming from update {resumed_from}" in log, log
     assert (folder / "set-aside" / newest.name).exists()
@@ -95,7 +95,6 @@ def test_several_servers_resume_from_the_newest_cut_of_one_run_at_the_same_pushe
     under the same number), and server 0 alone holds a newer cut: the
     servers compare run ids and push counts before anything loads, skip
     both, set the files aside, and resume together from the cut before."""
-    from test_sharded_training import _check_resumed
 
     servers = 2
     folder = tmp_path / "checkpoints"
@@ -120,7 +119,7 @@ def test_several_servers_resume_from_the_newest_cut_of_one_run_at_the_same_pushe
     assert log.count("resuming from update") == servers, log
     assert sorted(p.name for p in (mine[0] / "set-aside").iterdir()) == [newest, ahead]
     assert [p.name for p in (mine[1] / "set-aside").iterdir()] == [newest]
-    _check_resumed(tmp_path, trace(tmp_path / "trace"), servers)
+    check_resumed_sharded(tmp_path, trace(tmp_path / "trace"), servers)
 
 
 def test_a_torn_line_is_dropped_and_a_whole_record_after_it_kept(tmp_path):

@@ -9,90 +9,25 @@ was lost, applied twice or changed at the restart.  (test_training.py checks
 the same arithmetic against the paper's formulas written out independently.)
 """
 
-import json
 import os
 import re
 import signal
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import PROGRAMS, TCP, Job, run_job
+from helpers import (PROGRAMS, TCP, TRAINING, WORKERS, Job, check_final_weights, check_history,
+                     run_job, trace)
 
-from hvd_dcasgd.compensation import Compensation
-from hvd_dcasgd.layout import ModelLayout, flatten_into
-from hvd_dcasgd.update import ServerUpdate
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
-WORKERS = 3
 TRANSPORTS = {"shm": (), "tcp": TCP}
-
-
-def trace(path: Path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def replay_exactly(records, args, workers=WORKERS, at_sent=None):
-    """The weights the server ends with, computed in one process with its own
-    update (compensation, then the optimizer's step, on one flat vector),
-    following the trace line by line; ``at_sent(weights, optimizer)`` is
-    called where the trace says weights were sent outside a push."""
-    torch.manual_seed(1000)  # the server rank's seed: its weights are the initial ones
-    model = synthetic.Model()
-    optimizer = synthetic.make_optimizer(model, args)
-    layout = ModelLayout.of(optimizer, model.named_parameters())
-    params = [model.a, model.b]
-    weights = torch.empty(layout.numel, dtype=layout.dtype)
-    flatten_into(weights, layout.views(weights), [p.detach() for p in params])
-    grad = torch.zeros_like(weights)
-    for p, weight, g in zip(params, layout.views(weights), layout.views(grad)):
-        p.data, p.grad = weight, g
-    update = ServerUpdate(optimizer, layout, Compensation(mode=args.compensation), weights, grad, workers,
-                          staged=False)
-    backups = [weights.clone() for _ in range(workers)]
-    lrs = [group["lr"] for group in optimizer.param_groups]
-    for r in records:
-        m = r["worker"]
-        if "sent" in r:  # a snapshot: the worker got the weights of this moment
-            backups[m].copy_(weights)
-            if at_sent is not None:
-                at_sent(layout.views(weights), optimizer)
-            continue
-        worker_model = synthetic.Model()
-        with torch.no_grad():
-            worker_model.a.copy_(layout.views(backups[m])[0])
-            worker_model.b.copy_(layout.views(backups[m])[1])
-        synthetic.backward_passes(worker_model, m, r["step"], args)
-        gradient = torch.empty_like(weights)
-        flatten_into(gradient, layout.views(gradient), [worker_model.a.grad, worker_model.b.grad])
-        update(gradient, backups[m], m, lrs)
-        backups[m].copy_(weights)
-    return layout.views(weights)
-
-
-def check_history(records, steps):
-    """Update numbers 0..n-1 once each, in order; every worker's steps 0..steps-1 once each, in order."""
-    records = [r for r in records if "update" in r]
-    assert [r["update"] for r in records] == list(range(len(records)))
-    for m in range(WORKERS):
-        assert [r["step"] for r in records if r["worker"] == m] == list(range(steps)), m
-
-
-def check_final_weights(out, records, args, at_sent=None):
-    a, b = replay_exactly(records, args, at_sent=at_sent)
-    for m in range(WORKERS):
-        final = torch.load(out / f"worker{m}.pt", weights_only=True)
-        assert torch.equal(final["a"], a) and torch.equal(final["b"], b), m
-
-
-TRAINING = ["--steps", 40, "--step-time", 0.03, "--compensation", "adaptive", "--momentum", 0.9]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

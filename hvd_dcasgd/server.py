@@ -30,6 +30,7 @@ from .cuts import Cuts
 from .config import setting
 from .errors import HvdDcasgdError, HvdDcasgdValueError, warn
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
+from .monitor import Monitor
 from .staging import Staging
 from .stall import StallWatch, stall_timeout_seconds
 from .telemetry import Telemetry
@@ -300,7 +301,10 @@ class ParameterServer:
         updates), the trace up to it first; its path.  With several
         servers, ``number`` is the cut's."""
         self.telemetry.flush()
-        return checkpoints.write(self.state_dict(), number)
+        start = time.perf_counter()
+        path = checkpoints.write(self.state_dict(), number)
+        self.telemetry.note_checkpoint(time.perf_counter() - start)
+        return path
 
     def snapshot_for(self, worker: int) -> Dict[str, Any]:
         """The optimizer's state now, and the weights of the same moment sent
@@ -339,6 +343,7 @@ class ParameterServer:
         backoff = Backoff(max_sleep=1e-4)
         answered, requests_at = [], 0.0
         cut: Optional[Tuple[int, bool, Any]] = None  # (number, stop, target) of a cut under way
+        monitor = Monitor(self)  # metrics and progress lines, each at its interval
         while True:
             if not answered or time.monotonic() - requests_at >= REQUESTS_INTERVAL:
                 between_polls()
@@ -347,6 +352,7 @@ class ParameterServer:
                 for m in cuts.dropped():  # dropped by the first server: the poll counts them as gone
                     self.channel.drop(m)
             ready, left = self.channel.poll()
+            monitor.tick(ready, left)
             if watch is not None:
                 self._watch(watch, ready, left, timeout if cuts is None or cuts.first else None, cuts)
             stopping_now = False
@@ -390,6 +396,7 @@ class ParameterServer:
         if cuts is not None and cuts.first:
             cuts.stop_wanted()  # nothing is left unread
             cuts.end()
+        monitor.close()
         self.channel.close()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

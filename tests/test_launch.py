@@ -1,6 +1,7 @@
 """hvd-dcasgd-run: real runs through the real mpirun (training, GPU pinning, exit
 status, dry run, clear errors), and the command built for each MPI and layout."""
 
+import json
 import re
 import shlex
 import shutil
@@ -59,7 +60,8 @@ def test_trains_the_digits_example_on_two_servers():
 
 
 @pytest.mark.parametrize("gpus, expected", [
-    ("4,5,6", {"0": "'4'", "1": "'5'", "2": "'6'", "3": "'5'"}),  # server on 4, workers over 5 and 6
+    # server on 4, workers over 5 and 6, each GPU at the index of hvd.local_rank() (0, 1, 2 for the workers)
+    ("4,5,6", {"0": "'4,5,6'", "1": "'5,6,4'", "2": "'5,6,4'", "3": "'6,4,5'"}),
     ("7", {"0": "'7'", "1": "'7'", "2": "'7'", "3": "'7'"}),      # one GPU: every rank shares it
     ("none", {"0": "''", "1": "''", "2": "''", "3": "''"}),        # CPU only
 ])
@@ -67,9 +69,28 @@ def test_trains_the_digits_example_on_two_servers():
 def test_each_rank_gets_its_gpu_and_the_script_its_arguments(tmp_path, gpus, expected):
     result = hvd_dcasgd_run("-n", 3, "--gpus", gpus, "--verbose", rank_program(tmp_path), "-n", 9, "--flag")
     assert result.returncode == 0, result.stdout
-    seen = dict(re.findall(r"^rank (\d) gpu ('\d*'|None) args \['-n', '9', '--flag'\]$", result.stdout, re.M))
+    seen = dict(re.findall(r"^rank (\d) gpu ('[\d,]*'|None) args \['-n', '9', '--flag'\]$", result.stdout, re.M))
     assert seen == expected, result.stdout
     assert "hvd-dcasgd-run: " + shlex.quote(shutil.which("mpirun")) + " " in result.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("workers, servers", [(3, 1), (5, 1), (3, 2)])
+def test_set_device_of_local_rank_selects_the_pinned_gpu(workers, servers):
+    """Horovod's ``torch.cuda.set_device(hvd.local_rank())``, unchanged: in the list each rank sees (four
+    stand-in GPU ids, no CUDA needed), the entry at ``hvd.local_rank()`` -- or at its remainder by the length
+    of the list, where a node has more workers than GPUs -- is the GPU the launcher pinned it to."""
+    gpus = ["0", "1", "2", "3"]
+    result = hvd_dcasgd_run("-n", workers, "--servers", servers, "--gpus", ",".join(gpus),
+                            ROOT / "tests" / "programs" / "pinning.py")
+    assert result.returncode == 0, result.stdout
+    ranks = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["world_rank"] for r in ranks) == list(range(workers + servers)), result.stdout
+    for r in ranks:
+        visible = r["visible"].split(",")
+        assert r["server"] == (r["world_rank"] < servers)
+        assert visible[r["local_rank"] % len(visible)] == launch.gpu_for_rank(r["world_rank"], r["world_rank"], gpus), r
+        assert len(visible) == (1 if r["local_rank"] >= len(gpus) else len(gpus)), r
 
 
 @pytest.mark.mpi

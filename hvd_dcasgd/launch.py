@@ -37,6 +37,8 @@ OPEN_MPI, MPICH = "openmpi", "mpich"
 INSTALL_HINT = "install Open MPI (Debian: `apt-get install openmpi-bin libopenmpi-dev`) or MPICH"
 RANK_EXEC = "--rank-exec"
 NO_GPU = "none"
+#: ``--rank-exec visible``: pin among the GPUs in this process's own ``CUDA_VISIBLE_DEVICES``.
+VISIBLE = "visible"
 # Open MPI parameters that together choose how one-sided operations travel.
 ONE_SIDED_MCA = ("pml", "btl", "osc")
 #: What this launcher does with the signals that stop a job: the first one
@@ -443,8 +445,11 @@ def rank_exec(argv: Sequence[str]) -> int:
     """Per rank: set CUDA_VISIBLE_DEVICES from the rank's place (:func:`visible_devices`), then become
     ``python SCRIPT ARGS``."""
     if len(argv) < 2:
-        raise LaunchError(f"{RANK_EXEC} takes the GPU list (or none), the script and its arguments.")
+        raise LaunchError(f"{RANK_EXEC} takes the GPU list (or none, or visible), the script and its arguments.")
     pinned, script, script_args = argv[0], argv[1], list(argv[2:])
+    if pinned == VISIBLE:  # the GPUs this process was given (a SLURM step's on this node)
+        pinned = ",".join(part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                          if part.strip()) or NO_GPU
     if pinned == NO_GPU:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     else:

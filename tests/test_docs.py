@@ -110,3 +110,10 @@ def test_the_name_check_finds_what_is_missing(tmp_path):
     page.write_text("Run `examples/no_such_example.py` with `HVD_DCASGD_NO_SUCH` (see `test_no_such_test`).\n")
     found = [FILE.findall(page.read_text()), VARIABLE.findall(page.read_text()), TEST.findall(page.read_text())]
     assert found == [["examples/no_such_example.py"], ["HVD_DCASGD_NO_SUCH"], ["test_no_such_test"]]
+
+
+def test_the_testing_page_names_every_test_file_and_program():
+    text = (ROOT / "docs" / "TESTING.md").read_text()
+    unnamed = [p.name for p in [*(ROOT / "tests").glob("test_*.py"), *(ROOT / "tests" / "programs").glob("*.py")]
+               if f"`{p.name}`" not in text]
+    assert not unnamed, f"docs/TESTING.md does not say what these check: {', '.join(sorted(unnamed))}"

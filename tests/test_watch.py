@@ -16,18 +16,18 @@ WORKERS, STEPS = 2, 40
 SCALARS = {"updates", "updates_per_s", "gradients_per_s", "staleness/mean", "staleness/max", "refused",
            "apply_seconds_per_update", "checkpoint_seconds", "compensation_ratio",
            *(f"worker{m}/{what}" for m in range(WORKERS) for what in ("pushes_per_s", "seconds_since_push"))}
-PROGRESS = re.compile(r"^\[rank 0\] hvd_dcasgd server: (\d+) updates, ([\d.]+) updates/s, staleness mean ([\d.]+); "
+PROGRESS = re.compile(r"^\[rank \d\] hvd_dcasgd server(?: \d)?: (\d+) updates, ([\d.]+) updates/s, staleness mean ([\d.]+); "
                       r"slowest worker (\d) \(MPI rank (\d)\) at ([\d.]+) pushes/s; "
                       r"(no checkpoint yet|last checkpoint \d+s ago)$", re.M)
 
 
-def _job(tmp_path, env, timeout=240):
+def _job(tmp_path, env, servers=1, timeout=240):
     """Two workers of 40 steps of 0.05 s each (a job of a few seconds) that
     checkpoint often; the metrics and progress as ``env`` says."""
-    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--steps", STEPS, "--step-time", 0.05,
+    result = mpirun(WORKERS + servers, PROGRAMS / "synthetic.py", "--steps", STEPS, "--step-time", 0.05,
                     "--compensation", "adaptive", timeout=timeout,
                     env={"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-                         "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.5", **env})
+                         "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.5", "HVD_DCASGD_SERVERS": str(servers), **env})
     assert result.returncode == 0, result.stdout
     return result.stdout
 
@@ -71,22 +71,24 @@ def test_tensorboard_event_files_and_progress_lines(tmp_path):
 
 @pytest.mark.mpi
 @pytest.mark.slow
-def test_without_tensorboard_a_csv_of_the_same_columns_said_once(tmp_path):
+def test_without_tensorboard_a_csv_of_the_same_columns_said_once_one_per_server(tmp_path):
     hidden = tmp_path / "hidden"
     (hidden / "tensorboard").mkdir(parents=True)  # the package as if not installed
     (hidden / "tensorboard" / "__init__.py").write_text("raise ImportError('tensorboard is not installed')\n")
-    out = _job(tmp_path, {"HVD_DCASGD_METRICS": str(tmp_path / "runs"), "HVD_DCASGD_METRICS_INTERVAL": "0.5",
-                          "HVD_DCASGD_PROGRESS": "0.5", "HVD_DCASGD_LOG_LEVEL": "warning",
-                          "PYTHONPATH": str(hidden)})
+    env = {"HVD_DCASGD_METRICS": str(tmp_path / "runs"), "HVD_DCASGD_METRICS_INTERVAL": "0.5",
+           "HVD_DCASGD_PROGRESS": "0.5", "PYTHONPATH": str(hidden)}
+    out = _job(tmp_path, {**env, "HVD_DCASGD_LOG_LEVEL": "warning"}, servers=2)
     assert out.count("the tensorboard package is not installed") == 1, out
-    assert not PROGRESS.search(out), "the progress lines are INFO, below the level asked for"
-    with open(tmp_path / "runs" / "server" / "metrics.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert set(rows[0]) == {"wall_time", "step", "staleness", *SCALARS}
-    assert int(rows[-1]["updates"]) == WORKERS * STEPS
-    counts = [int(n) for row in rows for pair in row["staleness"].split() for n in [pair.split(":")[1]]]
-    assert sum(counts) == WORKERS * STEPS
-    assert any(float(row["compensation_ratio"]) > 0 for row in rows if row["compensation_ratio"])
+    assert "hvd_dcasgd server 1: " in out and not PROGRESS.search(out), "progress lines are INFO, below the level"
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["server-0", "server-1"], "one run per server"
+    for server in ("server-0", "server-1"):
+        with open(tmp_path / "runs" / server / "metrics.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        assert set(rows[0]) == {"wall_time", "step", "staleness", *SCALARS}
+        assert int(rows[-1]["updates"]) == WORKERS * STEPS, "each server applies every push to its slice"
+        counts = [int(pair.split(":")[1]) for row in rows for pair in row["staleness"].split()]
+        assert sum(counts) == WORKERS * STEPS
+        assert any(float(row["compensation_ratio"]) > 0 for row in rows if row["compensation_ratio"])
 
 
 LOGGING = textwrap.dedent("""

@@ -46,7 +46,7 @@ parser.add_argument("--log-interval", type=int, default=100, metavar="N", help="
 parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="folder of the four idx .gz files")
 parser.add_argument("--train-size", type=int, default=None, metavar="N", help="use the first N training images only")
 parser.add_argument("--test-size", type=int, default=None, metavar="N", help="use the first N test images only")
-parser.add_argument("--log-dir", default=None, help="TensorBoard folder for worker 0's loss and accuracy")
+parser.add_argument("--log-dir", default=None, help="TensorBoard folder: worker 0's loss and accuracy, the server's scalars")
 parser.add_argument("--checkpoint-dir", default=None, help="the server's checkpoints (resume from the newest)")
 
 log = logging.getLogger("fashion_mnist")
@@ -192,9 +192,10 @@ def train(args):
 
     # Horovod: wrap optimizer with DistributedOptimizer.  The server (one
     # more rank) serves here until the workers are done; with checkpoint_dir
-    # it writes checkpoints and a rerun resumes from the newest.
+    # it writes checkpoints and a rerun resumes from the newest; with
+    # metrics_dir its own scalars go beside worker 0's.
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         checkpoint_dir=args.checkpoint_dir)
+                                         checkpoint_dir=args.checkpoint_dir, metrics_dir=args.log_dir)
 
     # Resumed: skip the steps the server has already taken (0 on a fresh start).
     start_epoch, skip = divmod(optimizer.pushes, len(train_loader))

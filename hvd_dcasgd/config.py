@@ -98,7 +98,7 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_METRICS", "a folder: the server writes its scalars (rates, staleness, each worker's "
              "pushes/s and silence, refused pushes, apply and checkpoint times, the compensation's size) there "
              "every HVD_DCASGD_METRICS_INTERVAL seconds, as TensorBoard event files (a CSV without the tensorboard "
-             "package); docs/USAGE.md describes each"),
+             "package); docs/USAGE.md describes each; overrides DistributedOptimizer(metrics_dir=...)"),
     Variable("HVD_DCASGD_METRICS_INTERVAL", "seconds between two writes of the metrics (default 10)",
              _positive_number),
     Variable("HVD_DCASGD_PROGRESS", "seconds between the server's progress lines (updates, rate, staleness, the "

@@ -241,9 +241,13 @@ def _compensation_ratio(server: "ParameterServer", worker: int) -> Optional[floa
         return ratio if math.isfinite(ratio) else None
 
 
+#: ``DistributedOptimizer(metrics_dir=...)`` on this rank (``HVD_DCASGD_METRICS`` overrides it).
+requested_folder: Optional[str] = None
+
+
 def metrics_settings() -> Optional[tuple]:
-    """(folder, interval) from the environment, or ``None`` when no metrics are asked for."""
-    folder = setting("HVD_DCASGD_METRICS")
+    """(folder, interval) from the environment or ``metrics_dir=``, or ``None`` when no metrics are asked for."""
+    folder = setting("HVD_DCASGD_METRICS") or requested_folder
     if folder is None:
         return None
     interval = setting("HVD_DCASGD_METRICS_INTERVAL")

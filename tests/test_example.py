@@ -29,8 +29,9 @@ def test_smoke_digits_example_reaches_95_percent(mode, tmp_path):
 
 
 def test_fashion_mnist_example_at_a_tiny_size_logs_writes_tensorboard_and_resumes(tmp_path):
-    """The Horovod-form example: worker 0's log lines and TensorBoard scalars, the server's checkpoints, and a
-    second run with the same folder that resumes after the first one's steps instead of starting again."""
+    """The Horovod-form example: worker 0's log lines and TensorBoard scalars, the server's checkpoints and
+    scalars (metrics_dir=), and a second run with the same folder that resumes after the first one's steps
+    instead of starting again."""
     pytest.importorskip("tensorboard", reason="pip install tensorboard (the [test] extra) reads the event files")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -57,3 +58,7 @@ def test_fashion_mnist_example_at_a_tiny_size_logs_writes_tensorboard_and_resume
     assert {"train/loss", "test/loss", "test/accuracy"} <= set(events.Tags()["scalars"])
     assert [e.step for e in events.Scalars("test/accuracy")] == [1, 2]
     assert events.Scalars("test/accuracy")[-1].value == pytest.approx(accuracy, abs=1e-4)
+    server = EventAccumulator(str(tmp_path / "runs" / "server"))  # metrics_dir=: the server's scalars beside them
+    server.Reload()
+    assert {"updates_per_s", "staleness/mean", "worker0/pushes_per_s"} <= set(server.Tags()["scalars"])
+    assert server.Scalars("updates")[-1].value == 40, "the update count goes on across the resume: 20 + 20"

@@ -10,7 +10,7 @@ Until the script configures logging itself (a handler on the root logger or
 on ``hvd_dcasgd``), a default handler prints each message on standard error,
 as the package always did, behind the rank that says it: ``[rank 0]
 hvd_dcasgd server: ...``.  ``HVD_DCASGD_LOG_LEVEL`` sets the level (default
-``info``).  Every record carries the rank as ``record.rank`` (an integer;
+``info``, or the level a script gave the logger before).  Every record carries the rank as ``record.rank`` (an integer;
 ``None`` outside a launcher), for a format such as ``"[%(rank)s] %(message)s"``.
 
 :mod:`warnings` stays for what the user's own code should change; those
@@ -81,7 +81,10 @@ def _set_up() -> None:
     LOGGER.addFilter(_Rank())
     LOGGER.addHandler(_DefaultHandler())
     level = setting("HVD_DCASGD_LOG_LEVEL")
-    LOGGER.setLevel(getattr(logging, (level or "info").upper()))
+    if level is not None:
+        LOGGER.setLevel(getattr(logging, level.upper()))
+    elif LOGGER.level == logging.NOTSET:  # a level the script set before stays
+        LOGGER.setLevel(logging.INFO)
 
 
 def get_logger(name: str = "") -> logging.Logger:

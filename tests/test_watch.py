@@ -154,3 +154,40 @@ def test_the_metrics_variables_are_validated():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+@pytest.mark.parametrize("numel", [1000, 200_000])  # the whole vector; every 3rd element
+def test_compensation_ratio_is_the_formulas_on_copies(numel):
+    """The sampled ratio is DC-ASGD-c's term over the gradient, written out here, on every k-th element; the
+    server's weights, backups and DC-ASGD-a's MeanSquare are untouched."""
+    import torch
+
+    from hvd_dcasgd.compensation import Compensation
+    from hvd_dcasgd.endpoints import open_server
+    from hvd_dcasgd.layout import ModelLayout
+    from hvd_dcasgd.metrics import SAMPLE, _compensation_ratio
+    from hvd_dcasgd.mpi import load_mpi
+
+    def server_of(mode):
+        model = torch.nn.Linear(1, numel, bias=False)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        server = open_server(load_mpi().COMM_SELF, optimizer, ModelLayout.of(optimizer, model.named_parameters()),
+                             Compensation(mode, lambda_0=0.5), num_workers=2, staged=False)
+        generator = torch.Generator().manual_seed(5)
+        server.messages[1].gradient.copy_(torch.randn(numel, generator=generator))
+        server.messages[1].lrs.fill_(0.1)
+        server.weights.add_(torch.randn(numel, generator=generator))  # w - w_bak(1) is this
+        return server
+
+    server = server_of("constant")
+    k = max(1, numel // SAMPLE)
+    g, gap = server.messages[1].gradient[::k], (server.weights - server.backups[1])[::k]
+    expected = (0.5 * g * g * gap).abs().mean() / g.abs().mean()
+    assert _compensation_ratio(server, 1, {}) == pytest.approx(expected.item(), rel=1e-5)
+
+    server = server_of("adaptive")
+    before = [server.weights.clone(), server.backups[1].clone(),
+              *(t.clone() for t in server.update.state.of(1).values())]
+    assert _compensation_ratio(server, 1, {}) > 0
+    after = [server.weights, server.backups[1], *server.update.state.of(1).values()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))

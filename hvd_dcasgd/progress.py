@@ -12,7 +12,6 @@ one with the fewest pushes in that time among those still training.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from .config import setting

@@ -289,11 +289,12 @@ def test_everything_after_the_script_goes_to_the_script():
                                                                            ["-n", "3", "--dry-run", "--", "x"])
 
 
+# Each rank sees the list turned so that its own GPU stands at the index of its hvd.local_rank().
 @pytest.mark.parametrize("env, expected", [
-    ({"PMI_RANK": "0", "MPI_LOCALRANKID": "0"}, "'4'"),   # MPICH's Hydra: the server
-    ({"PMI_RANK": "2", "MPI_LOCALRANKID": "2"}, "'6'"),   # a worker on the server's node
-    ({"PMI_RANK": "5", "MPI_LOCALRANKID": "1"}, "'5'"),   # a worker on another node
-    ({"PMIX_RANK": "3", "SLURM_LOCALID": "0"}, "'4'"),    # srun --mpi=pmix: a worker on another node
+    ({"PMI_RANK": "0", "MPI_LOCALRANKID": "0"}, "'4,5,6'"),   # MPICH's Hydra: the server, GPU 4 at 0
+    ({"PMI_RANK": "2", "MPI_LOCALRANKID": "2"}, "'5,6,4'"),   # the server node's worker 1: GPU 6 at 1
+    ({"PMI_RANK": "5", "MPI_LOCALRANKID": "1"}, "'4,5,6'"),   # another node's worker 1: GPU 5 at 1
+    ({"PMIX_RANK": "3", "SLURM_LOCALID": "0"}, "'4,5,6'"),    # srun --mpi=pmix, another node's worker 0: GPU 4
 ])
 def test_the_rank_step_reads_mpich_and_slurm_rank_variables(tmp_path, env, expected):
     program = tmp_path / "gpu.py"

@@ -135,9 +135,8 @@ def train(args):
     torch.manual_seed(args.seed)
 
     if args.cuda:
-        # Horovod: pin GPU to local rank (modulo what is visible: a launcher
-        # may already have pinned this process to one GPU).
-        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+        # Horovod: pin GPU to local rank.
+        torch.cuda.set_device(hvd.local_rank())
         torch.cuda.manual_seed(args.seed)
 
     # Horovod: limit # of CPU threads to be used per worker.

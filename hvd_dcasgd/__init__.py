@@ -13,9 +13,10 @@ until something is asked of it.
 """
 
 from importlib import import_module
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
-__version__ = "0.1.0"
+#: The package's version, the one place it is written (pyproject.toml reads it).
+__version__ = "0.2.0"
 
 #: Public name -> the submodule that defines it: every public name of
 #: ``horovod.torch`` 0.28.1, and this package's own.
@@ -52,6 +53,30 @@ _SUBMODULES = {"functions": "collectives", "mpi_ops": "mpi_ops", "sync_batch_nor
                "compression": "compression", "optimizer": "optimizer", "elastic": "elastic"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
+
+
+if TYPE_CHECKING:  # what IDEs and type checkers see; at run time __getattr__ below loads each on first use
+    from . import collectives as functions
+    from . import compression, elastic, mpi_ops, optimizer, sync_batch_norm
+    from .basics import (HorovodInternalError, ccl_built, check_extension, cross_rank, cross_size, cuda_built,
+                         ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
+                         mpi_threads_supported, nccl_built, rocm_built, start_timeline, stop_timeline)
+    from .collectives import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters, join
+    from .compensation import (COMPENSATIONS, LR_SCALINGS, MODES, SCHEDULES, Compensation, CompensationRule, dcasgd_,
+                               register_compensation)
+    from .compression import Compression
+    from .errors import HvdDcasgdError, HvdDcasgdValueError, HvdDcasgdWarning
+    from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce, allreduce_,
+                          allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
+                          broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
+                          grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
+                          grouped_reducescatter, grouped_reducescatter_async, poll, reducescatter,
+                          reducescatter_async, sparse_allreduce_async, synchronize)
+    from .optimizer import BACKENDS, METHODS, DistributedOptimizer
+    from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+    from .runtime import init, is_initialized, is_server, local_rank, local_size, rank, shutdown, size
+    from .simulator import simulate
+    from .sync_batch_norm import SyncBatchNorm
 
 # MPI's thread level is fixed when mpi4py.MPI loads: choose it now, before a
 # script's own `from mpi4py import MPI` can (standard library and mpi4py's

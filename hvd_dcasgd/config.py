@@ -47,6 +47,13 @@ def _non_negative_number(raw: str) -> float:
     return value
 
 
+def _positive_number(raw: str) -> float:
+    value = _non_negative_number(raw)
+    if value == 0:
+        raise ValueError("use a number > 0")
+    return value
+
+
 def _positive_integer(raw: str) -> int:
     if not raw.strip().isdigit() or int(raw) < 1:
         raise ValueError("use a whole number >= 1")
@@ -66,7 +73,8 @@ class Variable:
 
 
 VARIABLES: Dict[str, Variable] = {v.name: v for v in (
-    Variable("HVD_DCASGD_COMPENSATION", "the compensation (none, constant, adaptive, a registered one), or the "
+    Variable("HVD_DCASGD_COMPENSATION", "the compensation: none (ASGD), constant (DC-ASGD-c), adaptive (DC-ASGD-a), "
+             "staleness (the rate divided by the staleness), gap_aware (Gap-Aware) or a registered one; or the "
              "shorthands sync and horovod; overrides DistributedOptimizer(compensation=...)", default='adaptive'),
     Variable("HVD_DCASGD_SCHEDULE", "async or sync; overrides DistributedOptimizer(schedule=...)", _choice("async", "sync")),
     Variable("HVD_DCASGD_BACKEND", "server (the parameter server) or horovod (Horovod's own allreduce); overrides "
@@ -90,6 +98,16 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_CHECKPOINT_INTERVAL", "seconds between the server's checkpoints (0: only when "
              "the job is preempted and at the end)", _non_negative_number, default=600.0),
     Variable("HVD_DCASGD_TRACE", "a path: the server writes one JSON line per applied gradient"),
+    Variable("HVD_DCASGD_METRICS", "a folder: the server writes its scalars (rates, staleness, each worker's "
+             "pushes/s and silence, refused pushes, apply and checkpoint times, the compensation's size) there "
+             "every HVD_DCASGD_METRICS_INTERVAL seconds, as TensorBoard event files (a CSV without the tensorboard "
+             "package); docs/USAGE.md describes each; overrides DistributedOptimizer(metrics_dir=...)"),
+    Variable("HVD_DCASGD_METRICS_INTERVAL", "seconds between two writes of the metrics (default 10)",
+             _positive_number),
+    Variable("HVD_DCASGD_PROGRESS", "seconds between the server's progress lines (updates, rate, staleness, the "
+             "slowest worker, the last checkpoint; default 60; 0: none)", _non_negative_number),
+    Variable("HVD_DCASGD_LOG_LEVEL", "the level of the package's messages (logger hvd_dcasgd): debug, info "
+             "(default), warning, error or critical", _choice("debug", "info", "warning", "error", "critical")),
     Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),
     Variable("HVD_DCASGD_SERVERS", "how many server ranks: world ranks 0..S-1 serve one slice of the "
              "parameters each, the rest are workers; overrides init(servers=...)", _positive_integer, default=1),

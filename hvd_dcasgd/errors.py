@@ -2,9 +2,12 @@
 
 Every error is an :class:`HvdDcasgdError` with a message of one sentence or
 two; :class:`HvdDcasgdValueError` is the one for a bad argument or setting (it
-is also a ``ValueError``, as those raises always were).  Warnings go through
-:func:`warn` with the category :class:`HvdDcasgdWarning`, so a script can
-filter them with the standard ``warnings`` machinery.
+is also a ``ValueError``, as those raises always were).  What the user's
+own code should change is a warning, through :func:`warn` with the category
+:class:`HvdDcasgdWarning` and attributed to the script's line, so a script can
+filter it with the standard ``warnings`` machinery; everything else the
+package has to say (a stall, a fallback, progress) is a log record of
+``logging.getLogger("hvd_dcasgd")`` (:mod:`.log`).
 """
 
 import warnings

@@ -18,7 +18,10 @@ from types import ModuleType
 from typing import Any, Optional, Tuple
 
 from .config import resolve
-from .errors import HvdDcasgdError, warn
+from .errors import HvdDcasgdError
+from .log import get_logger
+
+log = get_logger("horovod")
 
 #: What to tell a user who asks for Horovod where it is not installed.
 INSTALL_HINT = (
@@ -65,7 +68,7 @@ def horovod_wanted() -> bool:
 
 
 def _warn(reason: str) -> None:
-    warn(f"{reason}; the workers run without Horovod.", stacklevel=4)
+    log.warning(f"hvd_dcasgd: {reason}; the workers run without Horovod.")
 
 
 def _load(mpi: ModuleType) -> Tuple[Optional[ModuleType], Optional[str]]:

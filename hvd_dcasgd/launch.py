@@ -37,6 +37,8 @@ OPEN_MPI, MPICH = "openmpi", "mpich"
 INSTALL_HINT = "install Open MPI (Debian: `apt-get install openmpi-bin libopenmpi-dev`) or MPICH"
 RANK_EXEC = "--rank-exec"
 NO_GPU = "none"
+#: ``--rank-exec visible``: pin among the GPUs in this process's own ``CUDA_VISIBLE_DEVICES``.
+VISIBLE = "visible"
 # Open MPI parameters that together choose how one-sided operations travel.
 ONE_SIDED_MCA = ("pml", "btl", "osc")
 #: What this launcher does with the signals that stop a job: the first one
@@ -426,6 +428,24 @@ def gpu_for_rank(world_rank: int, local_rank: int, gpus: Sequence[str]) -> str:
     return gpus[1 + (local_rank - 1) % (len(gpus) - 1)]
 
 
+def visible_devices(world_rank: int, local_rank: int, gpus: Sequence[str], servers: int = 1) -> str:
+    """``CUDA_VISIBLE_DEVICES`` of one rank: every GPU of ``gpus``, turned so that the rank's own
+    (:func:`gpu_for_rank`) stands at the index ``hvd.local_rank()`` returns in it -- its place among the ranks
+    of its role (servers, or workers) on its node -- so that Horovod's ``torch.cuda.set_device(hvd.local_rank())``
+    selects it unchanged (and a server, which takes the device of its index among the servers on its node,
+    too).  Where a node holds more ranks of a role than GPUs, that index does not exist in any list: the rank
+    sees its own GPU alone, as ``cuda:0`` (``hvd.local_rank() % torch.cuda.device_count()`` finds it).
+
+    The ranks are placed in blocks: a node whose world ranks start at 0 holds the servers first.
+    """
+    own = gpu_for_rank(world_rank, local_rank, gpus)
+    index = local_rank - servers if world_rank == local_rank and world_rank >= servers else local_rank
+    if index >= len(gpus):
+        return own
+    start = (list(gpus).index(own) - index) % len(gpus)
+    return ",".join([*gpus[start:], *gpus[:start]])
+
+
 def rank_number(names: Sequence[str], environ: Mapping[str, str]) -> int:
     """The first of ``names`` set in ``environ``, as a number."""
     for name in names:
@@ -435,16 +455,22 @@ def rank_number(names: Sequence[str], environ: Mapping[str, str]) -> int:
 
 
 def rank_exec(argv: Sequence[str]) -> int:
-    """Per rank: set CUDA_VISIBLE_DEVICES from the rank's place, then become ``python SCRIPT ARGS``."""
+    """Per rank: set CUDA_VISIBLE_DEVICES from the rank's place (:func:`visible_devices`), then become
+    ``python SCRIPT ARGS``."""
     if len(argv) < 2:
-        raise LaunchError(f"{RANK_EXEC} takes the GPU list (or none), the script and its arguments.")
+        raise LaunchError(f"{RANK_EXEC} takes the GPU list (or none, or visible), the script and its arguments.")
     pinned, script, script_args = argv[0], argv[1], list(argv[2:])
+    if pinned == VISIBLE:  # the GPUs this process was given (a SLURM step's on this node)
+        pinned = ",".join(part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+                          if part.strip()) or NO_GPU
     if pinned == NO_GPU:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     else:
         world_rank = rank_number(WORLD_RANK_VARIABLES, os.environ)
         local_rank = rank_number(LOCAL_RANK_VARIABLES, os.environ)
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu_for_rank(world_rank, local_rank, pinned.split(","))
+        servers = os.environ.get("HVD_DCASGD_SERVERS", "1")
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices(world_rank, local_rank, pinned.split(","),
+                                                             int(servers) if servers.isdigit() else 1)
     os.execv(sys.executable, [sys.executable, script, *script_args])
 
 

@@ -25,7 +25,9 @@ from typing import Optional
 import torch
 
 from .config import resolve, setting
-from .errors import warn
+from .log import get_logger
+
+log = get_logger("native")
 
 SOURCE = Path(__file__).with_name("dcasgd_kernel.c")
 FLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-fPIC", "-shared"]
@@ -99,7 +101,8 @@ def library() -> Optional[ctypes.CDLL]:
             try:
                 _library = _build()
             except (OSError, AttributeError, subprocess.SubprocessError) as exc:
-                warn(f"the C compensation kernel is unavailable ({exc}); using torch ops, which are slower")
+                log.warning(f"hvd_dcasgd: the C compensation kernel is unavailable ({exc}); using torch ops, which are "
+                            "slower")
     return _library
 
 

@@ -18,6 +18,7 @@ from typing import Iterable, Iterator, Optional, Tuple, Type
 
 import torch
 
+from . import metrics
 from .compensation import COMPENSATIONS, MODES, SCHEDULES, Compensation
 from .compression import Compression, Compressor
 from .config import resolve
@@ -201,6 +202,7 @@ def DistributedOptimizer(
     backend: Optional[str] = None,
     lr_scaling: Optional[str] = None,
     checkpoint_dir: Optional[str] = None,
+    metrics_dir: Optional[str] = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for asynchronous training with delay compensation.
 
@@ -257,6 +259,11 @@ def DistributedOptimizer(
             the newest, each worker from the weights it last received, and
             ``optimizer.pushes`` says how many steps to skip.
             ``HVD_DCASGD_CHECKPOINT_DIR`` overrides it.
+        metrics_dir: a folder where the server writes its scalars for
+            TensorBoard (rates, staleness, each worker's pushes per second,
+            ...: :mod:`hvd_dcasgd.metrics`) every
+            ``HVD_DCASGD_METRICS_INTERVAL`` seconds.
+            ``HVD_DCASGD_METRICS`` overrides it.
     """
     rt = runtime()
     if rt.session is not None:
@@ -293,6 +300,7 @@ def DistributedOptimizer(
     slices = _slices(rt, optimizer, layout)
     if rt.role == SERVER:
         trace = resolve("HVD_DCASGD_TRACE", trace)
+        metrics.requested_folder = metrics_dir
         run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(rt, server_device), trace,
                    checkpoint_dir, slices)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))

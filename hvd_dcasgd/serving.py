@@ -20,6 +20,7 @@ from .checkpoints import Checkpoints
 from .coordination import Coordination, OneServer
 from .errors import warn
 from .lifecycle import Lifecycle
+from .monitor import Monitor
 from .server import ParameterServer
 from .stall import StallWatch
 from .transport import Backoff
@@ -35,7 +36,10 @@ def save(server: ParameterServer, checkpoints: Checkpoints, number: Optional[int
     updates), the trace up to it first; its path.  ``number`` names it (a
     cut's, with several servers; by default the update counter)."""
     server.telemetry.flush()
-    return checkpoints.write(server.state_dict(), number)
+    start = time.perf_counter()
+    path = checkpoints.write(server.state_dict(), number)
+    server.telemetry.note_checkpoint(time.perf_counter() - start)
+    return path
 
 
 def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
@@ -67,6 +71,7 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
     backoff = Backoff(max_sleep=1e-4)
     answered: List[int] = []
     requests_at = 0.0
+    monitor = Monitor(server)  # metrics and progress lines, each at its interval
     while True:
         if not answered or time.monotonic() - requests_at >= REQUESTS_INTERVAL:
             between_polls()
@@ -74,6 +79,7 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
         for m in coordination.dropped_elsewhere():  # the poll counts them as gone
             channel.drop(m)
         ready, left = channel.poll()
+        monitor.tick(ready, left)
         if watch is not None:
             _drop_silent(server, coordination, watch, ready, left)
         stopped = lifecycle.stopped
@@ -112,6 +118,7 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
         else:
             backoff.wait()
     coordination.end()
+    monitor.close()
     channel.close()
     if server.device.type == "cuda":
         torch.cuda.synchronize(server.device)

@@ -43,6 +43,10 @@ class Telemetry:
         self.first: Optional[float] = None  # when the first gradient was applied
         self.last = 0.0
         self.apply_seconds = 0.0  # spent in the updates themselves (compensate, step)
+        self.last_push: List[Optional[float]] = [None] * num_workers  # when each worker's last push was applied
+        self.checkpoints = 0  # checkpoints written by this server in this run
+        self.checkpoint_seconds = 0.0  # what the last one took to write
+        self.checkpoint_at: Optional[float] = None  # when it was written
         self.bytes_in_per_push, self.bytes_out_per_answer = 0, 0
         if trace_path and resume_from is not None and shard is None and os.path.exists(trace_path):
             cut_trace(trace_path, {None: resume_from})  # several servers: the first cut everyone's
@@ -58,6 +62,7 @@ class Telemetry:
         self.last = time.perf_counter()
         if self.first is None:
             self.first = self.last
+        self.last_push[worker] = self.last
         step = self.pushes[worker]
         self.pushes[worker] += 1
         self.staleness[staleness] += 1
@@ -69,6 +74,12 @@ class Telemetry:
     def note_sizes(self, bytes_in: int, bytes_out: int) -> None:
         """The bytes of one push (learning rates and gradient) and of one answer (weights)."""
         self.bytes_in_per_push, self.bytes_out_per_answer = bytes_in, bytes_out
+
+    def note_checkpoint(self, seconds: float) -> None:
+        """Note that a checkpoint was written, in ``seconds``."""
+        self.checkpoints += 1
+        self.checkpoint_seconds = seconds
+        self.checkpoint_at = time.perf_counter()
 
     def note_sent(self, worker: int, update: int) -> None:
         """Note that ``worker`` was sent the weights of ``update`` outside a push

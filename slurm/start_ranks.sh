@@ -34,12 +34,22 @@ export HVD_DCASGD_CHECKPOINT_DIR="${HVD_DCASGD_CHECKPOINT_DIR:-$REPO/checkpoints
 # Since SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task.
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 
+# GPUs per task (sbatch --gpus-per-task=N, as N or TYPE:N); one GPU per task
+# is pinned as hvd-dcasgd-run pins it: each rank sees every GPU of its node,
+# its own at the index hvd.local_rank() returns, so that Horovod's
+# torch.cuda.set_device(hvd.local_rank()) selects it (docs/LAUNCH.md).
+per_task="${SLURM_GPUS_PER_TASK:+${SLURM_GPUS_PER_TASK##*:}}"
+PIN_ONE_GPU=("$PYTHON" "$REPO/hvd_dcasgd/launch.py" --rank-exec visible "${COMMAND[@]:1}")
+
 echo "hvd_dcasgd: $SERVERS server(s) + $((SLURM_NTASKS - SERVERS)) workers on ${SLURM_JOB_NUM_NODES:-?} node(s) ${SLURM_JOB_NODELIST:-?}, $LAUNCHER: ${COMMAND[*]}"
 case "$LAUNCHER" in
     srun)
         # With sbatch --gpus-per-task, srun inherits it and binds each rank to
-        # its own GPUs (SLURM's implicit --gpu-bind=per_task).
-        LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1 "${PLACEMENT[@]}" "${COMMAND[@]}")
+        # its own GPUs (SLURM's implicit --gpu-bind=per_task); with one GPU per
+        # task, every rank sees the node's GPUs and pins its own (above).
+        BIND=()
+        if [ "$per_task" = 1 ]; then BIND=(--gpu-bind=none); COMMAND=("${PIN_ONE_GPU[@]}"); fi
+        LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1 "${BIND[@]}" "${PLACEMENT[@]}" "${COMMAND[@]}")
         ;;
     mpirun)
         if [ -n "${SLURM_GPUS_PER_TASK:-}" ]; then
@@ -47,11 +57,14 @@ case "$LAUNCHER" in
             # step have all the node's GPUs (newer SLURM versions also pass
             # the request as SLURM_TRES_PER_TASK), then give each rank its
             # share, by its rank on the node.
-            per_task="${SLURM_GPUS_PER_TASK##*:}"
             unset SLURM_GPUS_PER_TASK SLURM_TRES_PER_TASK
-            COMMAND=(bash -c 'gpus=(${CUDA_VISIBLE_DEVICES//,/ }) n='"$per_task"'; IFS=,
-                export CUDA_VISIBLE_DEVICES="${gpus[*]:OMPI_COMM_WORLD_LOCAL_RANK*n:n}"
-                exec "$@"' bind-gpus "${COMMAND[@]}")
+            if [ "$per_task" = 1 ]; then
+                COMMAND=("${PIN_ONE_GPU[@]}")
+            else
+                COMMAND=(bash -c 'gpus=(${CUDA_VISIBLE_DEVICES//,/ }) n='"$per_task"'; IFS=,
+                    export CUDA_VISIBLE_DEVICES="${gpus[*]:OMPI_COMM_WORLD_LOCAL_RANK*n:n}"
+                    exec "$@"' bind-gpus "${COMMAND[@]}")
+            fi
         fi
         root=()
         if [ "$(id -u)" -eq 0 ]; then root=(--allow-run-as-root); fi

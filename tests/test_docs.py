@@ -12,6 +12,13 @@ sys.path.insert(0, str(ROOT / "docs"))
 import generate  # noqa: E402
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: Every page a reader may follow, for the names they hold.
+NAMING_PAGES = [*PAGES, ROOT / "CHANGELOG.md", ROOT / "slurm" / "README.md"]
+#: A file name a page uses for the reader's own script, not a file of this repository.
+PLACEHOLDERS = {"train.py"}
+FILE = re.compile(r"(?<![\w./-])((?:\.?[\w-]+/)*[\w.-]+\.(?:py|sh|md|sbatch|def|toml|c))(?![\w/])")
+VARIABLE = re.compile(r"\bHVD_DCASGD_[A-Z0-9_]*[A-Z0-9]\b")
+TEST = re.compile(r"\b(test_[a-z0-9_]+)\b(?!\.py)")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 BENCHMARKS = ("bench_apply.py", "bench_transport.py", "bench_end_to_end.py", "bench_servers.py")
 
@@ -76,3 +83,37 @@ def test_sections_are_replaced_alone_and_added_when_missing():
 def test_the_scaling_page_holds_the_models_section():
     body = generate.sections((ROOT / "docs" / "SCALING.md").read_text()).get("benchmarks/scaling.py", "")
     assert "python benchmarks/scaling.py" in body and "|---|" in body, "scaling.py has not written its section"
+
+
+def _repository_files():
+    return {p for p in ROOT.rglob("*") if not {".git", ".venv", "__pycache__"} & set(p.parts)}
+
+
+@pytest.mark.parametrize("page", NAMING_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_every_file_variable_and_test_a_page_names_exists(page):
+    """A page that names a file (a path from the repository's root or the page's folder, or a bare name of a
+    file somewhere in it), an HVD_DCASGD_ variable or a test function that does not exist fails here."""
+    from hvd_dcasgd.config import VARIABLES
+
+    text = page.read_text()
+    names = {p.name for p in _repository_files()}
+    tests = {name for f in (ROOT / "tests").glob("test_*.py") for name in re.findall(r"^def (test_\w+)", f.read_text(), re.M)}
+    missing = [f"file {f}" for f in sorted(set(FILE.findall(text)) - PLACEHOLDERS)
+               if not ((ROOT / f).exists() or (page.parent / f).exists() if "/" in f else f in names)]
+    missing += [f"variable {v}" for v in sorted(set(VARIABLE.findall(text))) if v not in VARIABLES]
+    missing += [f"test {t}" for t in sorted(set(TEST.findall(text))) if t not in tests]
+    assert not missing, f"{page.relative_to(ROOT)} names what does not exist: {', '.join(missing)}"
+
+
+def test_the_name_check_finds_what_is_missing(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("Run `examples/no_such_example.py` with `HVD_DCASGD_NO_SUCH` (see `test_no_such_test`).\n")
+    found = [FILE.findall(page.read_text()), VARIABLE.findall(page.read_text()), TEST.findall(page.read_text())]
+    assert found == [["examples/no_such_example.py"], ["HVD_DCASGD_NO_SUCH"], ["test_no_such_test"]]
+
+
+def test_the_testing_page_names_every_test_file_and_program():
+    text = (ROOT / "docs" / "TESTING.md").read_text()
+    unnamed = [p.name for p in [*(ROOT / "tests").glob("test_*.py"), *(ROOT / "tests" / "programs").glob("*.py")]
+               if f"`{p.name}`" not in text]
+    assert not unnamed, f"docs/TESTING.md does not say what these check: {', '.join(sorted(unnamed))}"

@@ -1,6 +1,7 @@
 """hvd-dcasgd-run: real runs through the real mpirun (training, GPU pinning, exit
 status, dry run, clear errors), and the command built for each MPI and layout."""
 
+import json
 import re
 import shlex
 import shutil
@@ -59,7 +60,8 @@ def test_trains_the_digits_example_on_two_servers():
 
 
 @pytest.mark.parametrize("gpus, expected", [
-    ("4,5,6", {"0": "'4'", "1": "'5'", "2": "'6'", "3": "'5'"}),  # server on 4, workers over 5 and 6
+    # server on 4, workers over 5 and 6, each GPU at the index of hvd.local_rank() (0, 1, 2 for the workers)
+    ("4,5,6", {"0": "'4,5,6'", "1": "'5,6,4'", "2": "'5,6,4'", "3": "'6,4,5'"}),
     ("7", {"0": "'7'", "1": "'7'", "2": "'7'", "3": "'7'"}),      # one GPU: every rank shares it
     ("none", {"0": "''", "1": "''", "2": "''", "3": "''"}),        # CPU only
 ])
@@ -67,9 +69,28 @@ def test_trains_the_digits_example_on_two_servers():
 def test_each_rank_gets_its_gpu_and_the_script_its_arguments(tmp_path, gpus, expected):
     result = hvd_dcasgd_run("-n", 3, "--gpus", gpus, "--verbose", rank_program(tmp_path), "-n", 9, "--flag")
     assert result.returncode == 0, result.stdout
-    seen = dict(re.findall(r"^rank (\d) gpu ('\d*'|None) args \['-n', '9', '--flag'\]$", result.stdout, re.M))
+    seen = dict(re.findall(r"^rank (\d) gpu ('[\d,]*'|None) args \['-n', '9', '--flag'\]$", result.stdout, re.M))
     assert seen == expected, result.stdout
     assert "hvd-dcasgd-run: " + shlex.quote(shutil.which("mpirun")) + " " in result.stdout
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("workers, servers", [(3, 1), (5, 1), (3, 2)])
+def test_set_device_of_local_rank_selects_the_pinned_gpu(workers, servers):
+    """Horovod's ``torch.cuda.set_device(hvd.local_rank())``, unchanged: in the list each rank sees (four
+    stand-in GPU ids, no CUDA needed), the entry at ``hvd.local_rank()`` -- or at its remainder by the length
+    of the list, where a node has more workers than GPUs -- is the GPU the launcher pinned it to."""
+    gpus = ["0", "1", "2", "3"]
+    result = hvd_dcasgd_run("-n", workers, "--servers", servers, "--gpus", ",".join(gpus),
+                            ROOT / "tests" / "programs" / "pinning.py")
+    assert result.returncode == 0, result.stdout
+    ranks = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["world_rank"] for r in ranks) == list(range(workers + servers)), result.stdout
+    for r in ranks:
+        visible = r["visible"].split(",")
+        assert r["server"] == (r["world_rank"] < servers)
+        assert visible[r["local_rank"] % len(visible)] == launch.gpu_for_rank(r["world_rank"], r["world_rank"], gpus), r
+        assert len(visible) == (1 if r["local_rank"] >= len(gpus) else len(gpus)), r
 
 
 @pytest.mark.mpi
@@ -268,11 +289,12 @@ def test_everything_after_the_script_goes_to_the_script():
                                                                            ["-n", "3", "--dry-run", "--", "x"])
 
 
+# Each rank sees the list turned so that its own GPU stands at the index of its hvd.local_rank().
 @pytest.mark.parametrize("env, expected", [
-    ({"PMI_RANK": "0", "MPI_LOCALRANKID": "0"}, "'4'"),   # MPICH's Hydra: the server
-    ({"PMI_RANK": "2", "MPI_LOCALRANKID": "2"}, "'6'"),   # a worker on the server's node
-    ({"PMI_RANK": "5", "MPI_LOCALRANKID": "1"}, "'5'"),   # a worker on another node
-    ({"PMIX_RANK": "3", "SLURM_LOCALID": "0"}, "'4'"),    # srun --mpi=pmix: a worker on another node
+    ({"PMI_RANK": "0", "MPI_LOCALRANKID": "0"}, "'4,5,6'"),   # MPICH's Hydra: the server, GPU 4 at 0
+    ({"PMI_RANK": "2", "MPI_LOCALRANKID": "2"}, "'5,6,4'"),   # the server node's worker 1: GPU 6 at 1
+    ({"PMI_RANK": "5", "MPI_LOCALRANKID": "1"}, "'4,5,6'"),   # another node's worker 1: GPU 5 at 1
+    ({"PMIX_RANK": "3", "SLURM_LOCALID": "0"}, "'4,5,6'"),    # srun --mpi=pmix, another node's worker 0: GPU 4
 ])
 def test_the_rank_step_reads_mpich_and_slurm_rank_variables(tmp_path, env, expected):
     program = tmp_path / "gpu.py"

@@ -4,9 +4,11 @@ environment they were given, so what the scripts export and start is checked
 without a cluster (tests/test_slurm.py submits them to a real one)."""
 
 import os
+import re
 import signal
 import stat
 import subprocess
+import sys
 
 import pytest
 
@@ -94,6 +96,36 @@ def test_mpirun_branch_binds_one_gpu_per_rank(stand_ins, script):
     assert "SLURM_GPUS_PER_TASK" not in env and "SLURM_TRES_PER_TASK" not in env, "the daemon's step gets every GPU"
     # two GPUs per task: local rank 0 gets the node's first two, rank 1 the next two
     assert "rank 0 sees GPUs '0,1'" in out and "rank 1 sees GPUs '2,3'" in out, out
+
+
+#: A program that says what its rank was given.
+SEES = ("import os; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], 'local', os.environ['OMPI_COMM_WORLD_LOCAL_RANK'],"
+        " 'sees', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)")
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_one_gpu_per_task_is_pinned_at_the_index_of_local_rank(stand_ins, launcher, tmp_path):
+    """sbatch --gpus-per-task=1: each rank runs through hvd-dcasgd-run's pinning step (a real Python here) over
+    the GPUs of its node, and sees them turned as the launcher turns them (docs/LAUNCH.md)."""
+    from hvd_dcasgd.launch import visible_devices
+
+    (stand_ins / "venv" / "bin" / "python").unlink()
+    (stand_ins / "venv" / "bin" / "python").symlink_to(sys.executable)
+    program = tmp_path / "sees.py"
+    program.write_text(SEES + "\n")
+    ranks = ("shift 2; [ \"$1\" = \"--allow-run-as-root\" ] && shift 2 || shift 1\n" if launcher == "mpirun" else
+             "while [ \"${1#-}\" != \"$1\" ]; do shift; done\n")  # srun: its options, then the command
+    ranks += ("for rank in 0 1 2 3; do OMPI_COMM_WORLD_RANK=$rank OMPI_COMM_WORLD_LOCAL_RANK=$rank "
+              "CUDA_VISIBLE_DEVICES=0,1,2,3 \"$@\"; done\n")
+    executable(stand_ins / "bin" / launcher, STAND_IN + ranks)
+    result = submit("one_node.sbatch", stand_ins, program, HVD_DCASGD_LAUNCHER=launcher, SLURM_NTASKS="4",
+                    SLURM_GPUS_PER_TASK="1")
+    assert result.returncode == 0, result.stdout
+    if launcher == "srun":
+        assert "srun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none " in result.stdout, result.stdout
+    seen = dict(re.findall(r"^rank (\d) local \d sees ([\d,]+)$", result.stdout, re.M))
+    assert seen == {str(r): visible_devices(r, r, ["0", "1", "2", "3"]) for r in range(4)}, result.stdout
+    assert seen["1"] == "1,2,3,0", "worker 0 (hvd.local_rank() 0) on GPU 1"
 
 
 @pytest.mark.parametrize("script", ["one_node.sbatch", "multi_node.sbatch"])

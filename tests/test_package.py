@@ -6,7 +6,7 @@ import re
 import tomllib
 
 import hvd_dcasgd
-from conftest import ROOT
+from helpers import ROOT
 
 
 def _type_checking_imports():

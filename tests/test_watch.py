@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import PROGRAMS, mpirun, python
+from helpers import PROGRAMS, mpirun, python
 
 WORKERS, STEPS = 2, 40
 SCALARS = {"updates", "updates_per_s", "gradients_per_s", "staleness/mean", "staleness/max", "refused",

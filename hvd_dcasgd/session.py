@@ -38,6 +38,7 @@ from .config import setting
 from .endpoints import open_server, open_worker_channel
 from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .exits import PREEMPTED, WORKER_DROPPED, abort, flush
+from .mpi import transport
 from .layout import ModelLayout, trained_parameters, untrained_state
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
@@ -519,6 +520,7 @@ def run_server(
         served_optimizer = shard_optimizer(optimizer, layout, pieces)
     checkpoints, found, number = _on_server(rt, comm, lambda: _open_checkpoints(rt, checkpoint_dir))
     telemetry = _open_trace(rt, trace_path, slices[rt.shard], int(found[1]["updates"]) if found else None)
+    telemetry.note_transport(transport(rt.mpi), rt.mpi.Get_processor_name(), [w["host"] for w in workers])
     server = open_server(comm, served_optimizer, served_layout, compensation, num_workers=rt.num_workers,
                          wire_dtype=wire_dtype, device=device, telemetry=telemetry,
                          extras=extras, checked_by_workers=[w["check_finite"] for w in workers])

@@ -1,0 +1,137 @@
+"""Several hosts for real: jobs launched by ``hvd-dcasgd-run`` on emulated
+hosts (``tests/cluster/hosts.sh``: a network, UTS and mount namespace each,
+a private bridge, an SSH server each), whose ranks mpirun starts on the other
+hosts over SSH and which talk over TCP between hosts.
+
+Every job runs on host ``a`` (the head node) with a timeout; its traffic
+goes only to the hosts' addresses, which exist inside their namespaces
+alone.  The results are those of one host where the order of the updates
+does not depend on timing (the sync schedule; one worker), and a replay of
+the trace bit for bit (one server) or to 1e-5 (several) otherwise.  A host
+that disappears (its link pulled, or every process on it killed) ends the
+job, naming the host, and the periodic checkpoint resumes.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import PROGRAMS, ROOT, mpirun, run, unavailable
+from hvd_dcasgd.process import run_command
+from test_reliability import WORKERS, check_final_weights, check_history, trace
+from test_sharded_training import _flat, _per_shard, _sharded_replay
+
+sys.path.insert(0, str(PROGRAMS))
+import synthetic  # noqa: E402
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+HOSTS = ROOT / "tests" / "cluster" / "hosts.sh"
+LAUNCHER = ROOT / "launch" / "hvd-dcasgd-run"
+TRANSPORT = re.compile(r"transport Open MPI \S+ \(osc pt2pt, pml ob1, btl tcp,vader,self\), thread level serialized; "
+                       r"(\d) host\(s\): (.*)")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Three emulated hosts a, b, c (two-host jobs use a and b); the
+    environment that names them to ``hosts.sh``."""
+    if os.geteuid() != 0:
+        unavailable("emulated hosts need root (network namespaces, an SSH server per host)")
+    env = {**os.environ, "HVD_DCASGD_HOSTS_DIR": str(tmp_path_factory.mktemp("hosts")),
+           "HVD_DCASGD_HOSTS_PREFIX": f"hvdt{os.getpid()}"}
+    started = run_command(["bash", str(HOSTS), "start", "a", "b", "c"], timeout=240, env=env, cwd=ROOT)
+    if started.timed_out or started.returncode != 0:
+        run_command(["bash", str(HOSTS), "stop"], timeout=60, env=env, cwd=ROOT)
+        unavailable(f"no emulated hosts could be started: {started.stdout.strip() or 'timed out'}")
+    yield env
+    run_command(["bash", str(HOSTS), "stop"], timeout=60, env=env, cwd=ROOT)
+
+
+def on_a(cluster, *command):
+    """``command`` as run on host a, the head node."""
+    return ["bash", str(HOSTS), "exec", "a", *map(str, command)]
+
+
+def launch(cluster, out, *args, hosts=("-H", "a:2,b:2"), workers=WORKERS, servers=1):
+    """The launcher's command on host a: the synthetic program, ``workers`` workers, ``servers`` servers."""
+    return on_a(cluster, sys.executable, LAUNCHER, "-n", workers, "--servers", servers, *hosts,
+                PROGRAMS / "synthetic.py", "--out", out, *args)
+
+
+def train(cluster, out, *args, env=None, timeout=240, **kwargs):
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(launch(cluster, out, *args, **kwargs), env={**cluster, "HVD_DCASGD_TRACE": str(out / "trace"),
+                                                             **(env or {})}, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-6000:]
+    return result.stdout
+
+
+def placement(log):
+    """The transport line's host and ranks, which must name osc/pt2pt over TCP."""
+    found = TRANSPORT.findall(log)
+    assert found, log[-4000:]
+    return found[-1]
+
+
+def test_every_host_reaches_every_other_by_name_over_ssh(cluster):
+    for source in "abc":
+        for target in "abc":
+            result = run(["bash", str(HOSTS), "exec", source, "ssh", target, "hostname"], env=cluster, timeout=60)
+            assert result.stdout.strip() == target, result.stdout
+
+
+def test_one_server_across_two_hosts_replays_its_trace_bit_for_bit(cluster, tmp_path):
+    """``-H a:2,b:2``: the server and worker 0 on a, workers 1 and 2 on b."""
+    args = ["--steps", 15, "--compensation", "adaptive", "--momentum", 0.9]
+    log = train(cluster, tmp_path, *args)
+    assert placement(log) == ("2", "a: server w0; b: w1 w2"), log[-4000:]
+    records = trace(tmp_path / "trace")
+    check_history(records, 15)
+    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, args))))
+
+
+def test_two_servers_over_three_hosts_from_a_hostfile_replay_their_traces(cluster, tmp_path):
+    """A hostfile of a, b, c: the servers go one per host first (a and b)."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=2\nb slots=2\nc slots=2\n")
+    args = ["--steps", 10, "--compensation", "constant", "--momentum", 0.9, "--weight-decay", 0.01]
+    log = train(cluster, tmp_path / "run", *args, hosts=("--hostfile", hostfile), servers=2)
+    assert placement(log) == ("3", "a: s0 w1; b: s1 w2; c: w0"), log[-4000:]
+    lines = trace(tmp_path / "run" / "trace")
+    slices, records = _per_shard(lines, 2)
+    expected = _sharded_replay(slices, records, synthetic.parse_args(list(map(str, args))))
+    final = _flat(torch.load(tmp_path / "run" / "worker0.pt", weights_only=True))
+    for (offset, numel), weights in zip(slices, expected):
+        assert torch.allclose(final[offset:offset + numel], weights, atol=1e-5), (offset, numel)
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_sync_across_hosts_equals_one_host_bit_for_bit(cluster, tmp_path, servers):
+    args = ["--steps", 8, "--compensation", "sync", "--optimizer", "adam"]
+    (tmp_path / "one").mkdir()
+    alone = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--out", tmp_path / "one", *args)
+    assert alone.returncode == 0, alone.stdout[-4000:]
+    log = train(cluster, tmp_path / "hosts", *args, servers=servers, hosts=("-H", "a:2,b:3"))
+    assert placement(log)[0] == "2", log[-4000:]
+    one = _flat(torch.load(tmp_path / "one" / "worker0.pt", weights_only=True))
+    for m in range(WORKERS):
+        assert torch.equal(_flat(torch.load(tmp_path / "hosts" / f"worker{m}.pt", weights_only=True)), one), m
+
+
+def test_one_worker_on_another_host_equals_one_host_bit_for_bit(cluster, tmp_path):
+    args = ["--steps", 12, "--compensation", "adaptive", "--momentum", 0.9, "--nesterov"]
+    (tmp_path / "one").mkdir()
+    alone = mpirun(2, PROGRAMS / "synthetic.py", "--out", tmp_path / "one", *args)
+    assert alone.returncode == 0, alone.stdout[-4000:]
+    log = train(cluster, tmp_path / "hosts", *args, workers=1, hosts=("-H", "a:1,b:1"))
+    assert placement(log) == ("2", "a: server; b: w0"), log[-4000:]
+    assert torch.equal(_flat(torch.load(tmp_path / "hosts" / "worker0.pt", weights_only=True)),
+                       _flat(torch.load(tmp_path / "one" / "worker0.pt", weights_only=True)))

@@ -135,3 +135,103 @@ def test_one_worker_on_another_host_equals_one_host_bit_for_bit(cluster, tmp_pat
     assert placement(log) == ("2", "a: server; b: w0"), log[-4000:]
     assert torch.equal(_flat(torch.load(tmp_path / "hosts" / "worker0.pt", weights_only=True)),
                        _flat(torch.load(tmp_path / "one" / "worker0.pt", weights_only=True)))
+
+
+class HostJob:
+    """The launcher on host a in the background, its output in a file,
+    killed (its process group) if it outlives ``timeout``."""
+
+    def __init__(self, cluster, out: Path, *args, env=None, timeout=180, log="log", **kwargs):
+        self.out, self.timeout, self.log = out, timeout, out / log
+        full_env = {**cluster, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
+        self.started = time.monotonic()
+        with open(self.log, "w") as log_file:
+            self.proc = subprocess.Popen(launch(cluster, out, *args, **kwargs), cwd=ROOT, env=full_env,
+                                         stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def wait_for(self, ready) -> None:
+        while time.monotonic() < self.started + self.timeout:
+            if ready():
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(f"the job ended (status {self.proc.returncode}) too early:\n{self.text()[-4000:]}")
+            time.sleep(0.05)
+        self.kill()
+        pytest.fail(f"timed out waiting:\n{self.text()[-4000:]}")
+
+    def wait(self) -> int:
+        try:
+            self.proc.wait(timeout=max(1.0, self.started + self.timeout - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"timed out after {self.timeout} s (a hang):\n{self.text()[-4000:]}")
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def hosts(cluster, *command):
+    result = run(["bash", str(HOSTS), *command], env=cluster, timeout=120)
+    assert result.returncode == 0, result.stdout
+
+
+@pytest.fixture
+def host_b_comes_back(cluster):
+    """Host b is up again after the test, whatever the test did to it."""
+    yield
+    hosts(cluster, "boot", "b")
+
+
+def checkpoints(folder: Path, servers: int):
+    pattern = "checkpoint-*.pt" if servers == 1 else "server-*-of-*/checkpoint-*.pt"
+    return sorted(folder.glob(pattern))
+
+
+@pytest.mark.parametrize("fault, servers", [("link", 1), ("kill", 2)], ids=["link-down", "killed-with-a-server"])
+def test_a_host_that_disappears_ends_the_job_naming_it_and_the_checkpoint_resumes(cluster, tmp_path, fault, servers,
+                                                                                   host_b_comes_back):
+    """Host b's link pulled (the server, on a, drops b's silent workers after
+    the stall timeout and ends the job), or every process on b killed at once,
+    the second server included (mpirun loses b's daemon); then the same
+    command, b back, resumes from the periodic checkpoint."""
+    from test_reliability import TRAINING
+    from test_sharded_training import _check_resumed
+
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_TRACE": str(tmp_path / "trace"),
+           "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.3", "HVD_DCASGD_STALL_TIMEOUT": "5"}
+    layout = ("-H", "a:2,b:2") if servers == 1 else ("-H", "a:3,b:2")
+    job = HostJob(cluster, tmp_path, *TRAINING, env=env, hosts=layout, servers=servers)
+    job.wait_for(lambda: job.text().count("starts at step 0") == WORKERS
+                 and len(checkpoints(tmp_path / "checkpoints", servers)) >= 2 * servers)
+    lost = time.monotonic()
+    hosts(cluster, *(("link", "b", "down") if fault == "link" else ("kill", "b")))
+    status = job.wait()
+    log = job.text()
+    print(f"{fault}: the job ended {time.monotonic() - lost:.1f} s after host b was lost, status {status}")
+    assert status != 0, log[-4000:]
+    if fault == "link":
+        assert re.search(r"worker \d \(MPI rank \d, host b\).* stopped pushing and was dropped after 5 s", log), log
+    else:
+        # Open MPI's words: the SSH session to b's daemon closed, a rank's TCP peer on b hung up
+        assert re.search(r"Connection to b closed|Peer host:\s+b\n", log), log[-4000:]
+    hosts(cluster, "boot", "b")
+    newest = checkpoints(tmp_path / "checkpoints", servers)[-1]
+
+    resumed = HostJob(cluster, tmp_path, *TRAINING, env=env, hosts=layout, servers=servers, log="log2")
+    status = resumed.wait()
+    log = resumed.text()
+    assert status == 0, log[-4000:]
+    assert log.count("resuming from update") == servers, log[-4000:]
+    assert str(newest.parent if servers == 1 else newest.parent.parent) in log
+    records = trace(tmp_path / "trace")
+    if servers == 1:
+        check_history(records, 40)
+        check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))))
+    else:
+        _check_resumed(tmp_path, records, servers)

@@ -10,6 +10,8 @@
 #   bash tests/cluster/hosts.sh exec a ssh b hostname
 #   bash tests/cluster/hosts.sh pids b          # the processes running on host b
 #   bash tests/cluster/hosts.sh link b down     # pull host b's cable (up: plug it back)
+#   bash tests/cluster/hosts.sh kill b          # every process on host b killed at once (sshd too)
+#   bash tests/cluster/hosts.sh boot b          # host b back: its cable plugged in, its sshd started
 #   bash tests/cluster/hosts.sh stop            # stop every daemon, remove every namespace
 #
 # Traffic stays inside: the hosts' addresses ($HVD_DCASGD_HOSTS_NET.1, .2, ...,
@@ -113,6 +115,11 @@ start_host() {
     ip -n "$ns" link set dev lo up
     # IPv4 only: no link-local IPv6 addresses to wander onto.
     ip netns exec "$ns" sysctl -q -w net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    # A peer that stops answering breaks a TCP connection with data in flight
+    # after 5 retransmissions (about 10 s) instead of Linux's 15 (about 15
+    # minutes): mpirun, told to abort while a host is gone, waits for that
+    # host's daemon until its connection breaks (see docs/TESTING.md).
+    ip netns exec "$ns" sysctl -q -w net.ipv4.tcp_retries2=5
     # The cable: eth0 in the host, "$name" on the switch; neither end ever in this machine's namespace.
     ip link add eth0 netns "$ns" type veth peer name "$name" netns "$SWITCH"
     ip -n "$SWITCH" link set dev "$name" master br0 up
@@ -123,8 +130,30 @@ start_host() {
     unshare --uts="$DIR/ns/$name.uts" --mount="$DIR/ns/$name.mnt" --propagation private \
         sh -c 'hostname "$1" && mount --bind "$2/etc/hosts" /etc/hosts && mount --bind "$2/ssh/ssh_config" /etc/ssh/ssh_config' \
         set-up "$name" "$DIR"
+    start_sshd "$name"
+}
+
+start_sshd() {
+    local name="$1" pid
+    pid="$(cat "$DIR/run/sshd.$name.pid" 2>/dev/null || true)"
+    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sshd ]; then return; fi
     mkdir -p /run/sshd
     enter "$name" /usr/sbin/sshd -f "$DIR/ssh/sshd_config.$name" -E "$DIR/run/sshd.$name.log"
+}
+
+# Host $1 back after "link down" or "kill": its cable plugged in, its SSH
+# server running, reachable from the first host.
+boot() {
+    local name="$1" first
+    grep -qx "$name" <(names) || die "no host $name."
+    ip -n "$SWITCH" link set dev "$name" up
+    start_sshd "$name"
+    first="$(names | head -n 1)"
+    for _ in $(seq 50); do
+        if [ "$(enter "$first" timeout 20 ssh "$name" hostname 2>/dev/null)" = "$name" ]; then return; fi
+        sleep 0.2
+    done
+    die "host $first cannot ssh to $name after booting it (see $DIR/run/sshd.$name.log)."
 }
 
 start() {
@@ -201,6 +230,7 @@ case "${1:-}" in
         grep -qx "$2" <(names) || die "no host $2."
         ip -n "$SWITCH" link set dev "$2" "$3"
         ;;
+    boot) [ $# -eq 2 ] || die "usage: hosts.sh boot NAME"; boot "$2" ;;
     names) names ;;
-    *) die "usage: hosts.sh start [NAME...] | stop | exec NAME COMMAND... | pids NAME | kill NAME | link NAME up|down | names" ;;
+    *) die "usage: hosts.sh start [NAME...] | stop | exec NAME COMMAND... | pids NAME | kill NAME | boot NAME | link NAME up|down | names" ;;
 esac

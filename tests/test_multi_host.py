@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 HOSTS = ROOT / "tests" / "cluster" / "hosts.sh"
 LAUNCHER = ROOT / "launch" / "hvd-dcasgd-run"
-TRANSPORT = re.compile(r"transport Open MPI \S+ \(osc pt2pt, pml ob1, btl tcp,vader,self\), thread level serialized; "
+TRANSPORT = re.compile(r"transport Open MPI \S+ \(osc pt2pt, pml ob1, btl [\w,]*tcp[\w,]*\), thread level serialized; "
                        r"(\d) host\(s\): (.*)")
 
 
@@ -235,3 +235,110 @@ def test_a_host_that_disappears_ends_the_job_naming_it_and_the_checkpoint_resume
         check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))))
     else:
         _check_resumed(tmp_path, records, servers)
+
+
+# --- SLURM on the emulated hosts: a slurmd per host, slurmctld on a -----------------------------
+
+SLURM = ROOT / "tests" / "cluster" / "slurm.sh"
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE"}
+#: How long a SLURM job may take, from submission (or requeue) to its end, on 2 busy cores.
+JOB_DEADLINE = 300
+SLURM_TRAINING = ["--steps", 40, "--step-time", 0.1, "--compensation", "adaptive", "--momentum", 0.9]
+
+
+@pytest.fixture(scope="module")
+def slurm(cluster):
+    """The environment of a SLURM command on host a, with a SLURM cluster of nodes a, b, c started."""
+    started = run_command(["bash", str(SLURM), "start"], timeout=300, env=cluster, cwd=ROOT)
+    if started.timed_out or started.returncode != 0:
+        run_command(["bash", str(SLURM), "stop"], timeout=120, env=cluster, cwd=ROOT)
+        unavailable(f"no SLURM cluster could be started on the emulated hosts: {started.stdout.strip() or 'timed out'}")
+    env = {**cluster, "SLURM_CONF": os.path.join(cluster["HVD_DCASGD_HOSTS_DIR"], "slurm", "slurm.conf"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    yield env
+    run_command(["bash", str(SLURM), "stop"], timeout=120, env=cluster, cwd=ROOT)
+
+
+def slurm_command(env, *command, timeout=30):
+    result = run_command(on_a(env, *command), timeout=timeout, env=env, cwd=ROOT)
+    assert not result.timed_out, f"timed out: {command}"
+    return result
+
+
+def submit(env, out: Path, launcher: str, checkpoints: Path):
+    """multi_node.sbatch on 2 nodes, 1 server + 3 workers; its job id and output file."""
+    output = out / "job.out"
+    job_env = {**env, "HVD_DCASGD_VENV": sys.prefix, "HVD_DCASGD_LAUNCHER": launcher,
+               "HVD_DCASGD_CHECKPOINT_DIR": str(checkpoints), "HVD_DCASGD_TRACE": str(out / "trace")}
+    result = run_command(on_a(env, "sbatch", "--parsable", f"--output={output}", "--time=5", "--nodes=2",
+                              "--ntasks=4", "slurm/multi_node.sbatch", PROGRAMS / "synthetic.py", "--out", out,
+                              *SLURM_TRAINING), timeout=30, env=job_env, cwd=ROOT)
+    assert not result.timed_out and result.returncode == 0, result.stdout
+    return result.stdout.strip().split(";")[0], output
+
+
+def read(output: Path) -> str:
+    return output.read_text() if output.exists() else "(no output)"
+
+
+def job_state(env, job_id):
+    result = slurm_command(env, "scontrol", "show", "job", "--oneliner", job_id)
+    return dict(re.findall(r"(\w+)=(\S*)", result.stdout)) if result.returncode == 0 else {}
+
+
+def until(env, job_id, output, done, what):
+    deadline = time.monotonic() + JOB_DEADLINE
+    while time.monotonic() < deadline:
+        if done():
+            return
+        time.sleep(0.5)
+    slurm_command(env, "scancel", job_id)
+    pytest.fail(f"SLURM job {job_id} never {what}: cancelled\n{read(output)[-4000:]}")
+
+
+def ended(env, job_id, output):
+    fields = {}
+
+    def final():
+        fields.update(job_state(env, job_id))
+        return fields.get("JobState") in FINAL_STATES
+
+    until(env, job_id, output, final, "ended")
+    return fields["JobState"], fields.get("ExitCode")
+
+
+@pytest.mark.parametrize("launcher, stop", [("srun", "advance-signal"), ("mpirun", "scancel")])
+def test_multi_node_sbatch_on_two_nodes_stops_with_a_checkpoint_and_resumes_exactly(slurm, tmp_path, launcher, stop):
+    """The batch script across nodes a and b: training starts, SLURM's advance
+    signal (USR1 to the batch script) or ``scancel`` (SIGTERM to everything)
+    stops it with a checkpoint; the advance signal requeues the same job, a
+    cancelled job is submitted again; either way the run resumes from the
+    checkpoint and its whole trace replays bit for bit."""
+    checkpoints = tmp_path / "checkpoints"
+    job_id, output = submit(slurm, tmp_path, launcher, checkpoints)
+    until(slurm, job_id, output, lambda: read(output).count("starts at step 0") == WORKERS, "started training")
+    time.sleep(1)
+    if stop == "advance-signal":
+        assert slurm_command(slurm, "scancel", "--batch", "--signal=USR1", job_id).returncode == 0
+        until(slurm, job_id, output, lambda: f"requeueing job {job_id}" in read(output), "requeued itself")
+        # SLURM holds a requeued job for about two minutes; let it start now
+        slurm_command(slurm, "scontrol", "update", f"JobId={job_id}", "BeginTime=now")
+        asked = "SIGUSR1"
+    else:
+        assert slurm_command(slurm, "scancel", job_id).returncode == 0
+        state, _ = ended(slurm, job_id, output)
+        assert state == "CANCELLED", read(output)[-4000:]
+        job_id, output2 = submit(slurm, tmp_path, launcher, checkpoints)
+        asked = "SIGTERM"
+    state, exit_code = ended(slurm, job_id, output)
+    text = read(output) + ("" if stop == "advance-signal" else read(output2))
+    assert (state, exit_code) == ("COMPLETED", "0:0"), text[-4000:]
+    assert f"2 node(s) a,b, {launcher}:" in text, text[-4000:]
+    stopped = re.search(rf"stopped at update (\d+), asked by {asked}", text)
+    assert stopped, text[-4000:]
+    assert f"resuming from update {stopped.group(1)}" in text, text[-4000:]
+    assert placement(text)[0] == "2", text[-4000:]
+    records = trace(tmp_path / "trace")
+    check_history(records, 40)
+    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, SLURM_TRAINING))))

@@ -136,7 +136,8 @@ start_host() {
 start_sshd() {
     local name="$1" pid
     pid="$(cat "$DIR/run/sshd.$name.pid" 2>/dev/null || true)"
-    if [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = sshd ]; then return; fi
+    # Running already: that pid is an sshd inside this host.
+    if [ -n "$pid" ] && ip netns pids "$PREFIX-$name" | grep -qx "$pid"; then return; fi
     mkdir -p /run/sshd
     enter "$name" /usr/sbin/sshd -f "$DIR/ssh/sshd_config.$name" -E "$DIR/run/sshd.$name.log"
 }
@@ -214,6 +215,7 @@ stop() {
             fi
         done
         ip netns del "$PREFIX-$name" 2>/dev/null || true
+        rm -f "$DIR/run/sshd.$name.pid"
     done
     ip netns del "$SWITCH" 2>/dev/null || true
     rm -f "$DIR/names"

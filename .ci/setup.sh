@@ -2,8 +2,9 @@
 # Sets up everything hvd_dcasgd needs on a fresh Debian machine, idempotently:
 # Open MPI, Fashion-MNIST (the evidence's main task) and an SSH server (for
 # the emulated hosts of tests/cluster/hosts.sh) from Debian's packages, a
-# virtual environment in .venv with the CPU build of torch 2.13.0, mpi4py, this project (with its test extras) and Horovod 0.28.1 built for
-# PyTorch + MPI.  HVD_DCASGD_WITHOUT_HOROVOD=1 skips
+# virtual environment in .venv with the CPU build of torch 2.13.0, mpi4py,
+# this project (with its test extras) and Horovod 0.28.1 built for PyTorch +
+# MPI.  HVD_DCASGD_WITHOUT_HOROVOD=1 skips
 # Horovod (everything Horovod-specific is then skipped with a message).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -124,6 +124,12 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_VENV", "the virtual environment the SLURM batch scripts use", where="scripts"),
     Variable("HVD_DCASGD_SLURM_DIR", "where slurm/local_cluster.sh keeps its cluster", where="scripts"),
     Variable("HVD_DCASGD_SLURM_CPUS", "the CPUs slurm/local_cluster.sh gives its node", _positive_integer, "scripts"),
+    Variable("HVD_DCASGD_HOSTS_DIR", "where tests/cluster/hosts.sh keeps its emulated hosts' keys, state and logs",
+             where="scripts"),
+    Variable("HVD_DCASGD_HOSTS_PREFIX", "the prefix of the network namespaces of tests/cluster/hosts.sh",
+             where="scripts"),
+    Variable("HVD_DCASGD_HOSTS_NET", "the first three numbers of the emulated hosts' private addresses (a /24)",
+             where="scripts"),
 )}
 
 

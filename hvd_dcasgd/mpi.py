@@ -13,8 +13,10 @@ it chose.
 
 from __future__ import annotations
 
+import os
 import sys
 from types import ModuleType
+from typing import Any, Dict
 
 from .config import setting
 from .errors import HvdDcasgdError
@@ -64,3 +66,22 @@ def load_mpi() -> ModuleType:
             f"hvd_dcasgd could not load the MPI library ({exc}); {INSTALL_HINT}."
         ) from exc
     return MPI
+
+
+#: Open MPI's parameters that choose how one-sided operations travel, as
+#: ``mpirun --mca NAME VALUE`` hands them to every rank (``OMPI_MCA_NAME``).
+ONE_SIDED_PARAMETERS = ("osc", "pml", "btl")
+
+
+def transport(mpi: Any) -> Dict[str, str]:
+    """How this rank's one-sided operations travel, for the server's summary:
+    the MPI library, the Open MPI components the launch chose (``default``
+    where it chose none: Open MPI picks by itself) and the thread level MPI
+    started at."""
+    levels = {mpi.THREAD_SINGLE: "single", mpi.THREAD_FUNNELED: "funneled",
+              mpi.THREAD_SERIALIZED: "serialized", mpi.THREAD_MULTIPLE: "multiple"}
+    described = {"library": mpi.Get_library_version().strip("\0").splitlines()[0].split(",")[0].strip()}
+    if "Open MPI" in described["library"]:
+        described.update({name: os.environ.get(f"OMPI_MCA_{name}", "default") for name in ONE_SIDED_PARAMETERS})
+    described["thread_level"] = levels.get(mpi.Query_thread(), str(mpi.Query_thread()))
+    return described

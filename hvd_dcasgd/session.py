@@ -36,6 +36,7 @@ from .errors import HvdDcasgdError
 from .exits import PREEMPTED, WORKER_DROPPED, abort, flush
 from .layout import ModelLayout, trained_parameters, untrained_state
 from .lifecycle import Lifecycle
+from .mpi import transport
 from .messages import ControlRequests, Description, LoadOptimizerState, OptimizerStateWithWeights, Resumed, SetState
 from .preemption import Preempted, signal_name
 from .runtime import SERVER, Runtime
@@ -438,6 +439,8 @@ class _ServerOpening:
     def open_windows(self, shard: int, comm: Any) -> None:
         telemetry = self.coordination.open_trace(self.rt.num_workers, self.trace_path, self.slice,
                                                  int(self.found[1]["updates"]) if self.found else None)
+        telemetry.note_transport(transport(self.rt.mpi), self.rt.mpi.Get_processor_name(),
+                                 [description.host for _, description in self.workers])
         self.server = open_server(comm, self.optimizer, self.layout, self.compensation,
                                   num_workers=self.rt.num_workers, wire_dtype=self.wire_dtype, device=self.device,
                                   telemetry=telemetry, extras=self.extras,

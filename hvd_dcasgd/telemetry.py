@@ -48,6 +48,7 @@ class Telemetry:
         self.checkpoint_seconds = 0.0  # what the last one took to write
         self.checkpoint_at: Optional[float] = None  # when it was written
         self.bytes_in_per_push, self.bytes_out_per_answer = 0, 0
+        self.transport: Dict[str, Any] = {}  # how the pushes travel and which hosts hold the ranks
         if trace_path and resume_from is not None and shard is None and os.path.exists(trace_path):
             cut_trace(trace_path, {None: resume_from})  # several servers: the first cut everyone's
         mode = "a" if resume_from is not None or shard is not None else "w"
@@ -80,6 +81,11 @@ class Telemetry:
         self.checkpoints += 1
         self.checkpoint_seconds = seconds
         self.checkpoint_at = time.perf_counter()
+
+    def note_transport(self, transport: Dict[str, str], server_host: str, worker_hosts: Sequence[str]) -> None:
+        """How one-sided operations travel (:func:`hvd_dcasgd.mpi.transport`), the host of this
+        server and each worker's."""
+        self.transport = {**transport, "server_hosts": [server_host], "worker_hosts": list(worker_hosts)}
 
     def note_sent(self, worker: int, update: int) -> None:
         """Note that ``worker`` was sent the weights of ``update`` outside a push
@@ -116,6 +122,7 @@ class Telemetry:
             "apply_seconds_per_update": self.apply_seconds / self.updates if self.updates else 0.0,
             "bytes_in_per_push": self.bytes_in_per_push,
             "bytes_out_per_answer": self.bytes_out_per_answer,
+            "transport": dict(self.transport),
         }
 
     def summary(self) -> str:
@@ -134,7 +141,21 @@ class Telemetry:
             f"histogram {histogram or '-'}\n"
             f"{name}: pushes per worker {d['pushes']}; throughput {rates}"
             + (f"\n{name}: refused pushes per worker {d['refused']}" if any(d["refused"]) else "")
+            + (f"\n{name}: {Telemetry.describe_transport(d['transport'])}" if d.get("transport") else "")
         )
+
+    @staticmethod
+    def describe_transport(t: Dict[str, Any]) -> str:
+        """One line: the MPI, its one-sided component and thread level, and the hosts."""
+        hosts: Dict[str, List[str]] = {}
+        servers = t["server_hosts"]
+        names = ["server"] if len(servers) == 1 else [f"s{s}" for s in range(len(servers))]
+        for host, rank in [*zip(servers, names), *((h, f"w{m}") for m, h in enumerate(t["worker_hosts"]))]:
+            hosts.setdefault(host, []).append(rank)
+        components = ", ".join(f"{name} {t[name]}" for name in ("osc", "pml", "btl") if name in t)
+        placed = "; ".join(f"{host}: {' '.join(ranks)}" for host, ranks in hosts.items())
+        return (f"transport {t['library']}" + (f" ({components})" if components else "")
+                + f", thread level {t['thread_level']}; {len(hosts)} host(s): {placed}")
 
     @staticmethod
     def merge(shards: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -163,6 +184,9 @@ class Telemetry:
             "apply_seconds_per_update": max(d["apply_seconds_per_update"] for d in shards),
             "bytes_in_per_push": max(d["bytes_in_per_push"] for d in shards),
             "bytes_out_per_answer": max(d["bytes_out_per_answer"] for d in shards),
+            "transport": {**shards[0]["transport"],
+                          "server_hosts": [h for d in shards for h in d["transport"].get("server_hosts", [])]}
+            if shards[0].get("transport") else {},
             "shards": list(shards),
         }
 

@@ -140,5 +140,9 @@ start() {
 case "${1:-}" in
     start) start ;;
     stop) stop ;;
-    *) die "usage: local_cluster.sh start|stop" ;;
+    # Only the packages and munged (for tests/cluster/slurm.sh, whose nodes share this machine's munged).
+    munge)
+        [ "$(id -u)" -eq 0 ] || die "starting munged needs root."
+        mkdir -p "$DIR"; install_packages; start_munge ;;
+    *) die "usage: local_cluster.sh start|stop|munge" ;;
 esac

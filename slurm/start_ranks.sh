@@ -84,7 +84,13 @@ esac
 # on to every rank at once.  The ranks stop after their current step, the
 # server saves a checkpoint, and the job exits with status 75 (preempted).
 ranks="" stopping=""
-stop() { stopping=1; [ -z "$ranks" ] || kill -USR1 "$ranks" 2>/dev/null || true; }
+# Where the stop was asked, to find the checkpoints written since.
+ASKED="$HVD_DCASGD_CHECKPOINT_DIR/.stop-asked"
+stop() {
+    if [ -z "$stopping" ]; then mkdir -p "$HVD_DCASGD_CHECKPOINT_DIR" && touch "$ASKED" || true; fi
+    stopping=1
+    [ -z "$ranks" ] || kill -USR1 "$ranks" 2>/dev/null || true
+}
 trap stop USR1 TERM INT
 "${LAUNCH[@]}" &
 ranks=$!
@@ -94,6 +100,16 @@ while :; do
     wait "$ranks" || status=$?
     kill -0 "$ranks" 2>/dev/null || break  # a signal interrupted the wait: wait again
 done
+# srun --kill-on-bad-exit ends the step as soon as one rank exits with 75:
+# on several nodes the ranks of another node may still be on their way out,
+# and are then killed (srun's status is theirs).  A job told to stop whose
+# servers all wrote a checkpoint since is preempted all the same.
+if [ -n "$stopping" ] && [ "$status" -ne 0 ] && [ "$status" -ne 75 ] && [ -f "$ASKED" ] \
+    && [ "$(find "$HVD_DCASGD_CHECKPOINT_DIR" -name 'checkpoint-*.pt' -newer "$ASKED" | wc -l)" -ge "$SERVERS" ]; then
+    echo "$NAME: $LAUNCHER ended with status $status after the stop, and every server wrote a checkpoint since: preempted (75)."
+    status=75
+fi
+rm -f "$ASKED"
 if [ "$status" -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
     echo "$NAME: the job was stopped and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; requeueing job $SLURM_JOB_ID, which resumes from it."
     scontrol requeue "$SLURM_JOB_ID" || echo "$NAME: scontrol requeue $SLURM_JOB_ID failed: submit the job again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR to resume." >&2

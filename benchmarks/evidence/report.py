@@ -110,7 +110,7 @@ def pending_page() -> str:
              f"committed before any of its runs ([{PLAN}]({PLAN}), commit {claims.PLAN_COMMIT}); it runs on a "
              "frozen commit with", "", "```bash",
              "python benchmarks/evidence/run.py                 # the accuracy study (simulator), about 80 min on 2 cores",
-             "python benchmarks/evidence/run.py --study time    # time to accuracy against real Horovod, about 70 min",
+             "python benchmarks/evidence/run.py --study time    # time to accuracy against real Horovod, about 2 h",
              "```", "", "and this page is then regenerated from its records alone. Until then there is no result of "
              "this design to read here.", "", *archive_lines()]
     return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 recorded, then the page.
 
     python benchmarks/evidence/run.py                    # the accuracy study, standard scale (about 80 min on 2 cores)
-    python benchmarks/evidence/run.py --study time       # then the time-to-accuracy study (real jobs, about 70 min)
+    python benchmarks/evidence/run.py --study time       # then the time-to-accuracy study (real jobs, about 2 h)
     python benchmarks/evidence/run.py --scale quick --out build/quick   # for trying things: never results
 
 Resumable: the records are kept in ``OUT/results/evidence.json``, rewritten

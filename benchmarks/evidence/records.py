@@ -1,7 +1,8 @@
-"""``evidence.json``: reading and writing it, and picking records out of it.
+"""``evidence.json``: reading and writing it.
 
 The file holds the scale's name, one entry per ``run.py`` session that ran
-something (command, machine, load, seconds: what only a live run knows) and
+something (start time, commit, clean tree, study, command, machine, load,
+seconds: what only a live run knows) and
 one record per finished run: the fields of its plan entry, ``key``, and its
 results, or ``failed`` with the last lines it printed.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 from plan import key_of
 
@@ -38,8 +39,3 @@ def save(path: Path, evidence: Dict) -> None:
 def succeeded(evidence: Dict) -> Dict[str, Dict]:
     """The records that did not fail, by key: the runs done."""
     return {r["key"]: r for r in evidence["records"] if "failed" not in r}
-
-
-def select(records: List[Dict], **match) -> List[Dict]:
-    """The records that did not fail and have every field of ``match``."""
-    return [r for r in records if "failed" not in r and all(r.get(k) == v for k, v in match.items())]

@@ -17,7 +17,7 @@ import math
 import re
 import sys
 from pathlib import Path
-from statistics import mean, median
+from statistics import median
 from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -449,14 +449,40 @@ class Report:
                 *([f"- {key_of(r)}: {' / '.join(r['failed'][-3:])}" for r in failed] or ["None."])]
 
     def headline(self) -> List[str]:
-        """Two sentences for the README, from the verdicts."""
-        supported = [f"{e['claim'].number} at M={e['M']}" for e in self.accuracy if e["difference"] is not None
-                     and claims.accuracy_verdict(e["size"], e["difference"].t_interval, e["difference"].bca_interval,
-                                                 e["holm"]) == "supported"]
+        """Two sentences for the README: what to pick at each M (lowest mean test error among the runs that
+        trained, and whether the next is outside the noise), the compensation's own verdicts, and the time study."""
+        setting = self.main_setting()
+        picks = []
+        for workers in setting.workers:
+            means = {}
+            for row in rows_of(setting):
+                errors = [100 * r["final_error"] for r in self.cell(setting, workers, row).values() if trained(r)]
+                if len(errors) >= claims.MIN_TRAINED:
+                    means[row] = sum(errors) / len(errors)
+            if len(means) >= 2:
+                best, runner = sorted(means, key=means.get)[:2]
+                a, b = self.cell(setting, workers, runner), self.cell(setting, workers, best)
+                both = [s for s in set(a) & set(b) if trained(a[s]) and trained(b[s])]
+                apart = len(both) >= 2 and paired_difference([100 * a[s]["final_error"] for s in both],
+                                                             [100 * b[s]["final_error"] for s in both]).t_interval[0] > 0
+                picks.append(f"M={workers} {LABELS[best]} ({means[best]:.1f}%"
+                             + (f", ahead of {LABELS[runner]} outside the noise)" if apart else
+                                f", within the noise of {LABELS[runner]})"))
+        own = []
+        for e in self.accuracy:
+            if e["claim"].number == 1:
+                d = e["difference"]
+                own.append(f"M={e['M']} " + ("untestable" if d is None else claims.accuracy_verdict(
+                    e["size"], d.t_interval, d.bca_interval, e["holm"])))
         scale = "" if self.scale_name == "standard" else f" ({self.scale_name} scale: not results)"
-        return [f"Every method tuned on its own over a common rate grid{scale}: predictions supported after Holm over "
-                f"the page: {', '.join(supported) or 'none'}.",
-                "Which method to pick, and against Horovod's time to accuracy: [docs/RESULTS.md](docs/RESULTS.md)."]
+        first = (f"With every method tuned on its own{scale}, the lowest test error: "
+                 f"{'; '.join(picks) or 'too few runs that trained to say'}; delay compensation at ASGD's own rate "
+                 f"against ASGD: {', '.join(own) or 'not run yet'}.")
+        slow = [e for e in self.timed if e["straggler"] == 3.0]
+        second = ("Time to accuracy against plain Horovod with one worker 3x slower: "
+                  + "; ".join(f"M={e['M']} {LABELS[e['method']]} {math.exp(e['difference'].mean):.2f}x Horovod's "
+                              "time" for e in slow) if slow else "Time to accuracy against plain Horovod: pending")
+        return [first, f"{second}; details and intervals: [docs/RESULTS.md](docs/RESULTS.md)."]
 
 
 def main() -> None:

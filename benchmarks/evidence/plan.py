@@ -184,7 +184,9 @@ def tuning_cells(scale: Scale) -> Iterator[Tuple[str, int, str]]:
                     yield s.optimizer, workers, method
 
 
-def tuning_specs(scale: Scale, optimizer: str, workers: int, method: str) -> Iterator[Tuple[float, Optional[float], int, Dict]]:
+def tuning_specs(scale: Scale, optimizer: str, workers: int,
+                 method: str) -> Iterator[Tuple[float, Optional[float], int, Dict]]:
+    """(rate, constant, seed, spec) of every tuning run of one cell."""
     for lr in scale.grid(optimizer):
         for constant in scale.constants_of(method):
             for seed in scale.tuning_seeds:
@@ -336,7 +338,8 @@ def target(scale: Scale, records: Dict[str, Dict]) -> Optional[float]:
     if choice is None:
         return None
     setting = next(s for s in scale.settings if s.optimizer == "sgd" and s.tuned_in is None)
-    found = [records.get(key_of(evaluation_spec(scale, setting, 1, "sgd", seed, choice))) for seed in range(scale.seeds)]
+    found = [records.get(key_of(evaluation_spec(scale, setting, 1, "sgd", seed, choice)))
+             for seed in range(scale.seeds)]
     if any(r is None for r in found):
         return None
     return round(sum(r["final_error"] for r in found) / len(found) + TARGET_MARGIN, 4)

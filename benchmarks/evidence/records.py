@@ -1,7 +1,8 @@
-"""``evidence.json``: reading and writing it, and picking records out of it.
+"""``evidence.json``: reading and writing it.
 
 The file holds the scale's name, one entry per ``run.py`` session that ran
-something (command, machine, load, seconds: what only a live run knows) and
+something (start time, commit, clean tree, study, command, machine, load,
+seconds: what only a live run knows) and
 one record per finished run: the fields of its plan entry, ``key``, and its
 results, or ``failed`` with the last lines it printed.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 from plan import key_of
 
@@ -38,41 +39,3 @@ def save(path: Path, evidence: Dict) -> None:
 def succeeded(evidence: Dict) -> Dict[str, Dict]:
     """The records that did not fail, by key: the runs done."""
     return {r["key"]: r for r in evidence["records"] if "failed" not in r}
-
-
-def retire(evidence: Dict, planned: List[str]) -> List[str]:
-    """Remove the records whose keys are not in ``planned`` (runs of an
-    earlier grid or setting, which the report would otherwise meet beside
-    their replacements); return their keys.  Call it only with the keys of a
-    complete plan: before the tuning is recorded, the tuned methods'
-    evaluation runs are not planned yet."""
-    keep = set(planned)
-    gone = [r["key"] for r in evidence["records"] if r["key"] not in keep]
-    evidence["records"] = [r for r in evidence["records"] if r["key"] in keep]
-    return gone
-
-
-def select(records: List[Dict], **match) -> List[Dict]:
-    """The records that did not fail and have every field of ``match``."""
-    return [r for r in records if "failed" not in r and all(r.get(k) == v for k, v in match.items())]
-
-
-def errors_of(records: List[Dict], **match) -> List[float]:
-    """Final errors in %, of the records ``select`` picks."""
-    return [100 * r["final_error"] for r in select(records, **match)]
-
-
-def by_seed(records: List[Dict], **match) -> Dict[int, float]:
-    """Final errors in % of the records ``select`` picks, by seed; two
-    records of one seed (runs of another grid or number of epochs left in
-    the file) are refused rather than one silently hiding the other."""
-    found = select(records, **match)
-    seeds = [r["seed"] for r in found]
-    if len(seeds) != len(set(seeds)):
-        raise ValueError(f"two records of one seed for {match}: " + ", ".join(r["key"] for r in found))
-    return {r["seed"]: 100 * r["final_error"] for r in found}
-
-
-def mean_staleness(record: Dict) -> float:
-    counts = {int(s): n for s, n in record.get("staleness", {}).items()}
-    return sum(s * n for s, n in counts.items()) / max(1, sum(counts.values()))

@@ -85,8 +85,8 @@ def main() -> None:
               f"{moved[name].written / 1e6:8.1f} MB  {rates[name] / 1e9:6.1f} GB/s  ratio {rates[name] / copy:4.2f}")
 
     if args.markdown:
-        rows = [[label, f"`{path}`" if path else "", f"{seconds[name] * 1e3:.1f}", f"{moved[name].read / 1e6:.1f}",
-                 f"{moved[name].written / 1e6:.1f}", f"{rates[name] / 1e9:.1f}", f"{rates[name] / copy:.2f}"]
+        rows = [[label, f"`{path}`" if path else "", f"{seconds[name] * 1e3:.3g}", f"{moved[name].read / 1e6:.4g}",
+                 f"{moved[name].written / 1e6:.4g}", f"{rates[name] / 1e9:.3g}", f"{rates[name] / copy:.2f}"]
                 for name, (_, path, label) in contenders.items()]
         command = docs_section.command("bench_apply.py", sys.argv[1:])
         docs_section.write(args.markdown, "bench_apply.py", command, [

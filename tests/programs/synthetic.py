@@ -200,7 +200,8 @@ def main():
     if args.out:
         torch.save(model.state_dict(), os.path.join(args.out, f"worker{hvd.rank()}.pt"))
         with open(os.path.join(args.out, f"start{hvd.rank()}.json"), "w") as f:
-            json.dump({**start, "skipped": skipped}, f)
+            overlapped = optimizer._session.worker.overlapped if getattr(optimizer, "_session", None) else 0
+            json.dump({**start, "skipped": skipped, "overlapped": overlapped}, f)  # buckets sent in backward
     print(f"worker {hvd.rank()} done: {steps} steps, {skipped} skipped", flush=True)
 
 

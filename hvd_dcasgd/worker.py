@@ -26,10 +26,12 @@ gradient hook reports that every gradient of a bucket is final
 the servers' inboxes at once, without a flush; ``step()`` packs and Puts the
 rest (the learning rates, and buckets whose gradients were set by hand or
 never computed), completes every Put with one flush and announces the push.
-The server sees one push, applied whole, exactly as without buckets.  A
-gradient changed after its bucket was sent (clipping after ``synchronize()``)
-is sent again: ``synchronize()`` completes the Puts issued and forgets them
-(:meth:`Worker.restart`).
+The server sees one push, applied whole, exactly as without buckets: what
+``p.grad`` holds when ``step()`` runs is what the server gets.  A bucket
+whose gradient was replaced or changed in place after it was sent (clipped,
+unscaled: torch's version counter tells) is sent again by ``step()``, and
+``synchronize()`` (Horovod's idiom before clipping) completes the Puts issued
+and forgets them all (:meth:`Worker.restart`).
 """
 
 from __future__ import annotations
@@ -130,13 +132,16 @@ class Worker:
     def restart(self) -> None:
         """Complete the Puts of buckets sent so far and forget them: the
         next ``step()`` sends every bucket (again)."""
-        if any(getattr(self, "_sent", ())):
-            for channel in self.channels:
-                channel.mailboxes.flush()
-        self._sent = [False] * len(self.buckets)
+        if any(sent is not None for sent in getattr(self, "_sent", ())):
+            self._flush()
+        # per bucket: None, or, once sent, (its gradients with their versions, whether they were finite)
+        self._sent: List[Optional[Tuple[List[Tuple[Optional[torch.Tensor], int]], bool]]] = [None] * len(self.buckets)
         # gradients each bucket still waits for (none to wait for: it goes with step())
         self._waiting = list(self._hooked) if self.fusion_threshold > 0 else [0] * len(self.buckets)
-        self._finite = True
+
+    def _flush(self) -> None:
+        for channel in self.channels:
+            channel.mailboxes.flush()
 
     def gradient_final(self, param: torch.Tensor) -> None:
         """``param``'s gradient is final for this step (its last backward
@@ -148,11 +153,23 @@ class Worker:
         if self._waiting[b] == 0:
             first, end = self.buckets[b]
             pieces, finite = self._pack_params(first, end, self._spans[first][0])
-            self._finite &= finite
             for channel, own in zip(self.channels, self.per_server(pieces)):
                 channel.mailboxes.put_inbox_pieces(channel.worker, own, flush=False)
-            self._sent[b] = True
+            self._sent[b] = (self._gradients(b), finite)
             self.overlapped += 1
+
+    def _gradients(self, b: int) -> List[Tuple[Optional[torch.Tensor], int]]:
+        """Bucket ``b``'s gradients as they are now: each tensor and its
+        version (torch counts every change made in place)."""
+        first, end = self.buckets[b]
+        return [(p.grad, -1 if p.grad is None else p.grad._version) for p in self.params[first:end]]
+
+    def _changed_since_sent(self) -> List[int]:
+        """The buckets sent during backward whose gradients were replaced or
+        changed in place since (a script that clips or scales them)."""
+        return [b for b, sent in enumerate(self._sent)
+                if sent is not None and any(g is not now or v != version
+                                            for (g, v), (now, version) in zip(sent[0], self._gradients(b)))]
 
     @property
     def index(self) -> int:
@@ -198,14 +215,19 @@ class Worker:
         for i, group in enumerate(self.optimizer.param_groups):
             self.message.lrs[i] = float(group["lr"])
         header = self.message.header_bytes
-        pieces, finite = [], self._finite
+        changed = self._changed_since_sent()
+        if changed:  # complete their Puts before Putting the same bytes again
+            self._flush()
+            for b in changed:
+                self._sent[b] = None
+        pieces, finite = [], all(sent[1] for sent in self._sent if sent is not None)
         for b, (first, end) in enumerate(self.buckets):
-            if self._sent[b]:
+            if self._sent[b] is not None:
                 continue
             own, ok = self._pack_params(first, end, 0 if b == 0 else self._spans[first][0])
             pieces += own
             finite &= ok
-        if not self.buckets or self._sent[0]:  # the learning rates go alone
+        if not self.buckets or self._sent[0] is not None:  # the learning rates go alone
             pieces.insert(0, (0, self._message_bytes[:header]))
         if not finite:
             self.restart()
@@ -278,7 +300,7 @@ class Worker:
             channel.send(pieces)
         for channel in self.channels:
             channel.announce()
-        self._sent = [False] * len(self.buckets)  # announce() completed every Put
+        self._sent = [None] * len(self.buckets)  # announce() completed every Put
         self.restart()
         self.pull()
 

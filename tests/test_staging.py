@@ -2,6 +2,7 @@
 the pipeline issues its stages (recorded), with the data it moves; which
 staging a device gets and why."""
 
+import pytest
 import torch
 
 from hvd_dcasgd.staging import (IN, OUT, UPDATE, RecordedLanes, Staging, choose_staging, chunks, pipeline)
@@ -69,3 +70,57 @@ def test_which_staging_a_device_gets_and_why():
     path, why = choose_staging(torch.device("cuda"), (True, "Open MPI is CUDA-aware with osc/ucx"))
     assert path == "pinned" and "allocated in host memory" in why
 
+
+
+def _servers_weights(staged, mode, make_optimizer, wire, pushes=10, workers=3):
+    from hvd_dcasgd.compensation import Compensation
+    from hvd_dcasgd.endpoints import open_server
+    from hvd_dcasgd.layout import ModelLayout
+    from hvd_dcasgd.mpi import load_mpi
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.Linear(200, 10))
+    optimizer = make_optimizer(model)
+    layout = ModelLayout.of(optimizer, model.named_parameters())
+    server = open_server(load_mpi().COMM_SELF, optimizer, layout, Compensation(mode), num_workers=workers,
+                         wire_dtype=wire, staged=staged)
+    generator = torch.Generator().manual_seed(1)
+    for k in range(pushes):
+        worker = (k * 7) % workers
+        server.messages[worker].gradient.copy_(torch.randn(layout.numel, generator=generator))
+        server.messages[worker].lrs.copy_(torch.tensor([0.05 / (1 + k), 0.02], dtype=torch.float64))
+        server.apply(worker)
+        assert torch.equal(server.outboxes[worker], server.weights), "the outbox holds w_bak(m) = w"
+    return server, server.weights.clone(), optimizer.state_dict()
+
+
+@pytest.mark.parametrize("mode", ["none", "constant", "adaptive"])
+@pytest.mark.parametrize("name,make", [
+    ("sgd", lambda m: torch.optim.SGD([{"params": m[0].parameters()}, {"params": m[1].parameters()}], lr=0.1)),
+    ("nesterov-wd", lambda m: torch.optim.SGD([{"params": m[0].parameters()}, {"params": m[1].parameters(),
+                                                "momentum": 0.5}], lr=0.1, momentum=0.9, nesterov=True,
+                                              weight_decay=1e-2)),
+    ("dampening", lambda m: torch.optim.SGD([{"params": m[0].parameters()}, {"params": m[1].parameters()}],
+                                            lr=0.1, momentum=0.9, dampening=0.3)),
+])
+@pytest.mark.parametrize("wire", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_a_staged_sgd_server_pipelines_its_update_and_gives_the_window_servers_weights(mode, name, make, wire):
+    """The staged server (the GPU server's code, the CPU as its device) runs
+    the C kernel's arithmetic chunk by chunk (8 chunks, cut across the two
+    param groups) in torch operations, pipelined with its copies."""
+    staged, staged_weights, staged_state = _servers_weights(True, mode, make, wire)
+    window, window_weights, window_state = _servers_weights(False, mode, make, wire)
+    assert staged.pipelined is not None, staged.pipelined_why
+    assert window.pipelined is None and window.update.path == "fused_sgd"
+    assert len(staged.staging.parts) == 8 and staged.staging.parts[1].start < 300 * 200  # a cut inside group 0
+    assert torch.allclose(staged_weights, window_weights, rtol=0, atol=1e-6)
+    for p, q in zip(staged_state["state"].values(), window_state["state"].values()):  # the momentum buffers
+        assert torch.allclose(p["momentum_buffer"], q["momentum_buffer"], rtol=0, atol=1e-5)
+    assert [g["lr"] for g in staged_state["param_groups"]] == [g["lr"] for g in window_state["param_groups"]]
+
+
+def test_adam_on_a_staged_server_is_not_pipelined_and_says_why():
+    staged, *_ = _servers_weights(True, "adaptive", lambda m: torch.optim.Adam([{"params": m[0].parameters()}, {"params": m[1].parameters()}]),
+                                  torch.float32,
+                                  pushes=1)
+    assert staged.pipelined is None and staged.pipelined_why.startswith("Adam is not torch.optim.SGD")

@@ -97,9 +97,13 @@ class Worker:
             raise HvdDcasgdError(f"hvd_dcasgd: {len(self.channels)} channels for {len(self.slices)} slices")
         self.check_finite = check_finite
         self.params: List[torch.Tensor] = trained_parameters(optimizer)
-        self.message = PushMessage(layout, wire_dtype)
+        # a model on a GPU copies its gradients into the message and its weights out of the receive
+        # buffer by DMA: both page-locked, so no copy goes through an extra host buffer
+        pinned = any(p.device.type == "cuda" for p in self.params)
+        self.message = PushMessage(layout, wire_dtype, torch.zeros(PushMessage.size(layout, wire_dtype),
+                                                                   dtype=torch.uint8, pin_memory=pinned))
         self.gradient_views = layout.views(self.message.gradient)
-        self.weights = torch.empty(layout.numel, dtype=layout.dtype)
+        self.weights = torch.empty(layout.numel, dtype=layout.dtype, pin_memory=pinned)
         self.weight_views = layout.views(self.weights)
         # CPU parameters become views of the receive buffer: the server's
         # weights then land in the model directly, with no copy.

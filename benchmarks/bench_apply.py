@@ -36,6 +36,11 @@ OPTIMIZERS = (
 )
 
 
+def figure(x: float) -> str:
+    """Three significant figures, without an exponent."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--numel", type=int, default=25_000_000)
@@ -85,8 +90,8 @@ def main() -> None:
               f"{moved[name].written / 1e6:8.1f} MB  {rates[name] / 1e9:6.1f} GB/s  ratio {rates[name] / copy:4.2f}")
 
     if args.markdown:
-        rows = [[label, f"`{path}`" if path else "", f"{seconds[name] * 1e3:.3g}", f"{moved[name].read / 1e6:.4g}",
-                 f"{moved[name].written / 1e6:.4g}", f"{rates[name] / 1e9:.3g}", f"{rates[name] / copy:.2f}"]
+        rows = [[label, f"`{path}`" if path else "", figure(seconds[name] * 1e3), figure(moved[name].read / 1e6),
+                 figure(moved[name].written / 1e6), figure(rates[name] / 1e9), f"{rates[name] / copy:.2f}"]
                 for name, (_, path, label) in contenders.items()]
         command = docs_section.command("bench_apply.py", sys.argv[1:])
         docs_section.write(args.markdown, "bench_apply.py", command, [

@@ -61,11 +61,11 @@ def test_apply_benchmark_runs_and_writes_its_section(page):
     rows = _table(_section(page, "bench_apply.py", argv))
     assert len(rows) == 12 and rows[0][-1] == "1.00", rows
     # each update's bytes, counted from its transfers; its rate is those bytes over its time
-    assert rows[0][3:5] == [f"{4096 * 10 / 1e6:.4g}"] * 2, rows  # the copy: 2.5 model sizes read and written
+    assert rows[0][3:5] == [f"{4096 * 10 / 1e6:.3g}"] * 2, rows  # the copy: 2.5 model sizes read and written
     for row in rows:
         ms, read, written, rate = (float(cell) for cell in row[2:6])
         assert read > 0 and written > 0, row
-        assert rate == pytest.approx((read + written) / ms, rel=0.02), row  # MB per ms: GB/s
+        assert rate == pytest.approx((read + written) / ms, rel=0.03), row  # MB per ms: GB/s, to 3 figures
     assert {row[1] for row in rows[2:]} <= {"`fused_sgd`", "`fused`", "`foreach`", "`reference`"}, rows
 
 

@@ -125,6 +125,8 @@ class Worker:
     def set_fusion_threshold(self, threshold: int) -> None:
         """Cut the gradient into buckets of at most ``threshold`` bytes, each
         sent as soon as backward has finished it (0: all sent by ``step()``)."""
+        if threshold and any(p.device.type != "cpu" for p in self.params) and not self._threads_may_call_mpi():
+            threshold = 0  # a GPU's gradient hooks run on autograd's device thread
         self.fusion_threshold = threshold
         size = self.message.gradient.element_size()
         self.buckets = buckets([spec.numel * size for spec in self.layout.params], threshold)
@@ -132,6 +134,15 @@ class Worker:
                                            for p in self.params[first:end]}
         self._hooked = [sum(p.requires_grad for p in self.params[first:end]) for first, end in self.buckets]
         self.restart()
+
+    @staticmethod
+    def _threads_may_call_mpi() -> bool:
+        """Whether MPI runs at a thread level that lets another thread call
+        it (``serialized`` or ``multiple``, as hvd_dcasgd asks by default)."""
+        from .mpi import load_mpi
+
+        mpi = load_mpi()
+        return mpi.Query_thread() >= mpi.THREAD_SERIALIZED
 
     def restart(self) -> None:
         """Complete the Puts of buckets sent so far and forget them: the

@@ -1,7 +1,9 @@
 """(d) A worker's step with its push overlapped with backward, and without.
 
 One server and one worker under ``mpirun``, once per Open MPI path (shared
-memory, and TCP with ``--mca btl tcp,self --mca osc pt2pt``).  The worker
+memory, and TCP with ``--mca btl tcp,self --mca osc pt2pt``, without and with
+the TCP transport's progress thread, which moves bytes while the worker
+computes).  The worker
 trains an MLP whose compute (forward + backward) takes about as long as its
 exchange (the batch is sized to make it so, from a first measurement of
 each), and times, in the same interleaved rounds:
@@ -37,6 +39,8 @@ from jobs import child_env, mpirun
 PATHS = (
     ("one node, shared memory (default)", []),
     ("TCP, `--mca btl tcp,self --mca osc pt2pt`", ["--mca", "btl", "tcp,self", "--mca", "osc", "pt2pt"]),
+    ("TCP as above, with `--mca btl_tcp_progress_thread 1`",
+     ["--mca", "btl", "tcp,self", "--mca", "osc", "pt2pt", "--mca", "btl_tcp_progress_thread", "1"]),
 )
 KINDS = ("compute", "exchange", "step without overlap", "step with overlap")
 

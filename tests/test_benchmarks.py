@@ -215,3 +215,17 @@ def test_drop_in_accuracy_is_a_paired_difference_with_a_verdict_on_the_margin():
     assert rows[1][3:] == ["-5.00", "missed"], rows  # -5, -4, -5 points: the interval lies below -3
     assert rows[2][2:] == ["+0.00 [+0.00, +0.00]", "+0.00", "met"], rows
     assert drop_in_accuracy.final_accuracy("Accuracy: 10.00%\n...Accuracy: 96.94%") == pytest.approx(0.9694)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_overlap_benchmark_times_the_step_against_its_bounds_and_writes_its_section(page):
+    argv = ["--width", 64, "--depth", 2, "--rounds", 1, "--fusion-threshold", 4096, "--markdown", page[0]]
+    result = python(BENCH / "bench_overlap.py", *argv, timeout=600)
+    assert result.returncode == 0, result.stdout
+    rows = _table(_section(page, "bench_overlap.py", argv))
+    assert [row[0].split(",")[0] for row in rows] == ["one node", "TCP", "TCP as above"], rows
+    for row in rows:
+        compute, exchange, _, _, low, high = (float(cell) for cell in row[2:8])
+        assert low == pytest.approx(max(compute, exchange), abs=0.06) and high == pytest.approx(compute + exchange,
+                                                                                               abs=0.11), row

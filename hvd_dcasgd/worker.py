@@ -169,7 +169,7 @@ class Worker:
             first, end = self.buckets[b]
             pieces, finite = self._pack_params(first, end, self._spans[first][0])
             for channel, own in zip(self.channels, self.per_server(pieces)):
-                channel.mailboxes.put_inbox_pieces(channel.worker, own, flush=False)
+                channel.send(own)  # a server that stops answering is watched from here on
             self._sent[b] = (self._gradients(b), finite)
             self.overlapped += 1
 

@@ -1,11 +1,12 @@
-"""(a) The server's update against a plain copy of the same bytes.
+"""(a) The server's update against a plain copy, in bytes per second.
 
-One server update of a flat model (25M float32 parameters by default) reads
-w, w_bak(m) and g and writes w and w_bak(m): five model-sized transfers.  The
-baseline copies 2.5 model sizes (read 2.5 + write 2.5), the same bytes.  The
-ratio copy_time / update_time is the fraction of copy bandwidth reached.
-Every contender is built first, then all are timed in the same interleaved
-rounds, so every ratio comes from one run on this machine.
+For each update of a flat model (25M float32 parameters by default) the
+bytes it reads and writes are counted from its transfers (:mod:`traffic`:
+every torch operation and C kernel pass of one update), and divided by its
+time; the ratio is that rate over a torch copy's (bytes read + written per
+second) measured in the same run.  Every contender is built first, then all
+are timed in the same interleaved rounds, so every ratio comes from one run
+on this machine.
 
     python benchmarks/bench_apply.py [--numel 25000000] [--device cpu|cuda] [--markdown docs/PERFORMANCE.md]
 """
@@ -21,10 +22,11 @@ import time
 import torch
 
 import docs_section
+import traffic
 from common import flat_model, single_rank_server
 from hvd_dcasgd import dcasgd_
 
-COPY = "plain copy of the same bytes (torch)"
+COPY = "plain copy (torch) of 2.5 model sizes"
 REFERENCE = "the paper's formula as a chain of torch ops (`dcasgd_` reference, `constant`; no step, no backup)"
 METHODS = {"none": "ASGD", "constant": "DC-ASGD-c", "adaptive": "DC-ASGD-a", "sync": "SSGD, a round of one push"}
 OPTIMIZERS = (
@@ -32,6 +34,11 @@ OPTIMIZERS = (
     ("SGD momentum 0.9", lambda p: torch.optim.SGD(p, lr=1e-3, momentum=0.9), ("none", "constant", "adaptive", "sync")),
     ("Adam", lambda p: torch.optim.Adam(p, lr=1e-3), ("none", "adaptive")),
 )
+
+
+def figure(x: float) -> str:
+    """Three significant figures, without an exponent."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
 def main() -> None:
@@ -46,7 +53,7 @@ def main() -> None:
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     n = args.numel
 
-    source = torch.randn(n * 5 // 2, device=device)  # the bytes one update reads and writes
+    source = torch.randn(n * 5 // 2, device=device)  # about the bytes an update moves: both stay out of cache
     target = torch.empty_like(source)
     w, w_bak, g = (torch.randn(n, device=device) for _ in range(3))
     contenders = {  # name printed -> (the call, the update's path, label in the table)
@@ -71,24 +78,26 @@ def main() -> None:
             if round_:
                 times[name].append(time.perf_counter() - start)
     seconds = {name: statistics.median(t) for name, t in times.items()}
-    copy = seconds["plain copy of the same bytes"]
-    bandwidth = 5 * n * 4 / 1e9 / copy
+    moved = {name: traffic.count(fn) for name, (fn, _, _) in contenders.items()}  # bytes of one call each
+    rates = {name: moved[name].total / seconds[name] for name in contenders}
+    copy = rates["plain copy of the same bytes"]
     size = f"{n / 1e6:g}M" if n >= 100_000 else f"{n}"
     title = (f"update of {size} float32 parameters, device {device}, torch threads {torch.get_num_threads()}, "
              f"median of {args.repeats} interleaved rounds")
     print(title)
     for name, t in seconds.items():
-        print(f"  {name:42s} {t * 1e3:7.1f} ms  ratio {copy / t:4.2f}")
-    print(f"  (the copy moves {bandwidth:.1f} GB/s)")
+        print(f"  {name:42s} {t * 1e3:7.1f} ms  read {moved[name].read / 1e6:8.1f} MB  written "
+              f"{moved[name].written / 1e6:8.1f} MB  {rates[name] / 1e9:6.1f} GB/s  ratio {rates[name] / copy:4.2f}")
 
     if args.markdown:
-        rows = [[label + (f", {bandwidth:.1f} GB/s" if not path else ""), f"`{path}`" if path else "",
-                 f"{seconds[name] * 1e3:.1f}", f"{copy / seconds[name]:.2f}"]
+        rows = [[label, f"`{path}`" if path else "", figure(seconds[name] * 1e3), figure(moved[name].read / 1e6),
+                 figure(moved[name].written / 1e6), figure(rates[name] / 1e9), f"{rates[name] / copy:.2f}"]
                 for name, (_, path, label) in contenders.items()]
         command = docs_section.command("bench_apply.py", sys.argv[1:])
         docs_section.write(args.markdown, "bench_apply.py", command, [
             f"{title[0].upper()}{title[1:]}.", "",
-            *docs_section.table(["update", "path", "ms", "ratio to the copy"], rows),
+            *docs_section.table(["update", "path", "ms", "MB read", "MB written", "GB/s",
+                                 "ratio to the copy's GB/s"], rows),
         ])
 
 

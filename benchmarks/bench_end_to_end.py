@@ -6,7 +6,11 @@ not a model's compute.  Each mode runs under its own mpirun (``--rounds R``:
 R times, interleaved, and the median is shown); the table shows updates/s, the
 ratio to the raw RMA protocol (``raw_rma.py``: Put + flag, ``w -= lr * g`` in
 numpy, Get -- the reference for what the transport allows) and the ratio to
-plain ASGD (``none``), all measured in the same invocation.
+plain ASGD (``none``), all measured in the same invocation.  Each mode's
+update is also stated as memory traffic: the bytes one server update reads
+and writes (counted from its transfers by :mod:`traffic`, on a server of the
+same model in one process), times updates/s, against a torch copy's bytes/s
+measured in every round.
 With Horovod installed every mode also runs with the Horovod integration off
 (``HVD_DCASGD_HOROVOD=0``: no Horovod background thread on the workers, MPI at
 thread level serialized), interleaved, to show what the integration costs.
@@ -65,6 +69,44 @@ def train(args) -> None:
     hvd.shutdown()
 
 
+def measure_memory(args) -> None:
+    """Print, as JSON, the bytes one server update of each mode reads and
+    writes, and a copy's bytes/s (median of 9), on this process alone."""
+    import time
+
+    import traffic
+    from common import flat_model, single_rank_server
+
+    moved = {}
+    for mode in MODES:
+        model = flat_model(args.numel)
+        server = single_rank_server(model, torch.optim.SGD(model.parameters(), lr=1e-4), mode, args.workers,
+                                    torch.device("cpu"))
+        step = (lambda: server.apply_round([0])) if mode == "sync" else (lambda: server.apply(0))
+        step()
+        counted = traffic.count(step)
+        moved[mode] = [counted.read, counted.written]
+    source = torch.randn(args.numel * 5 // 2)
+    target = torch.empty_like(source)
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        target.copy_(source)
+        times.append(time.perf_counter() - start)
+    print(json.dumps({"bytes": moved, "copy_bytes_per_s": 2 * source.nbytes / statistics.median(times[1:])}))
+
+
+def memory_once(args) -> dict:
+    """One :func:`measure_memory` in a process of its own."""
+    from hvd_dcasgd.process import run_command
+
+    out = run_command([sys.executable, __file__, "--memory", "--numel", args.numel, "--workers", args.workers],
+                      timeout=args.timeout, env=child_env())
+    if out.returncode != 0:
+        sys.exit(f"the memory measurement failed:\n{out.stdout}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def run_once(args, mode: str, horovod: str, servers: int = 1) -> dict:
     """One mpirun of ``mode`` (or the raw protocol): the server's end-of-run
     figures (``HVD_DCASGD_SUMMARY``; with several servers, the merged ones)."""
@@ -84,9 +126,15 @@ def launch(args) -> None:
     settings = ("auto", "0") if importlib.util.find_spec("horovod") else ("0",)
     runs = {}
     order = [(RAW, "0"), *itertools.product(MODES, settings)]
+    copies = []
     for _, (mode, horovod) in itertools.product(range(args.rounds), order):  # interleaved rounds
+        if (mode, horovod) == order[0]:
+            memory = memory_once(args)
+            copies.append(memory["copy_bytes_per_s"])
         figures = run_once(args, mode, horovod)
         runs.setdefault((mode, horovod), []).append((figures["updates_per_s"], figures["gradients_per_s"]))
+    moved = {mode: sum(memory["bytes"][mode]) for mode in MODES}  # the same in every round
+    copy = statistics.median(copies)
     paired = _paired_ratios(runs, settings) if args.rounds > 1 else []
     rates = {key: tuple(statistics.median(r[i] for r in rs) for i in range(2)) for key, rs in runs.items()}
     rounds = f", median of {args.rounds} interleaved rounds" if args.rounds > 1 else ""
@@ -94,12 +142,16 @@ def launch(args) -> None:
              f"{args.steps} pushes per worker, {os.cpu_count()} cores{rounds}")
     raw = rates.pop((RAW, "0"))[0]
     print(title)
+    print(f"  a copy moves {copy / 1e9:.1f} GB/s (read + written, median of the rounds)")
     print(f"  raw RMA protocol (Put + flag, numpy w -= lr * g, Get) {raw:8.1f} updates/s")
     for (mode, horovod), (updates, gradients) in rates.items():
         label = "Horovod on " if horovod == "auto" else "Horovod off"
+        read, written = memory["bytes"][mode]
         print(f"  {mode:9s} {label} {updates:8.1f} updates/s  {gradients:8.1f} gradients/s  "
               f"ratio to raw {updates / raw:4.2f}  ratio to none (updates) {updates / rates['none', horovod][0]:4.2f}"
-              + (f"  on/off {updates / rates[mode, '0'][0]:4.2f}" if horovod == "auto" else ""))
+              + (f"  on/off {updates / rates[mode, '0'][0]:4.2f}" if horovod == "auto" else "")
+              + f"  update reads {read / 1e6:.1f} MB, writes {written / 1e6:.1f} MB: "
+                f"{updates * moved[mode] / 1e9:.2f} GB/s, ratio to copy {updates * moved[mode] / copy:.2f}")
     for line in paired:
         print(f"  {line}")
     if args.markdown:
@@ -109,10 +161,12 @@ def launch(args) -> None:
             header += [f"updates/s, Horovod {label}", "ratio to raw", "ratio to ASGD"]
         if len(settings) == 2:
             header.append("on / off")
+        header.append("MB per update (read + written)")
+        header += [f"GB/s, Horovod {'on' if horovod == 'auto' else 'off'} (ratio to the copy)" for horovod in settings]
         rows.append(["raw RMA protocol (`benchmarks/raw_rma.py`; no Horovod)"]
                     + [cell for horovod in settings
                        for cell in (f"{raw:.1f}", "1.00", f"{raw / rates['none', horovod][0]:.2f}")]
-                    + ([""] if len(settings) == 2 else []))
+                    + ([""] if len(settings) == 2 else []) + [""] * (1 + len(settings)))
         for mode in MODES:
             row = [f"`{mode}` ({LABELS[mode]})"]
             for horovod in settings:
@@ -120,11 +174,16 @@ def launch(args) -> None:
                         f"{rates[mode, horovod][0] / rates['none', horovod][0]:.2f}"]
             if len(settings) == 2:
                 row.append(f"{rates[mode, 'auto'][0] / rates[mode, '0'][0]:.2f}")
+            read, written = memory["bytes"][mode]
+            row.append(f"{read / 1e6:.4g} + {written / 1e6:.4g}")
+            row += [f"{rates[mode, horovod][0] * moved[mode] / 1e9:.2f} "
+                    f"({rates[mode, horovod][0] * moved[mode] / copy:.2f})" for horovod in settings]
             rows.append(row)
         note = ("Horovod is not installed here: every run has the integration off." if len(settings) == 1
                 else "Every mode runs with the integration on and with it off (`HVD_DCASGD_HOROVOD=0`).")
         summary = (f"End to end: {args.workers} workers, {args.numel / 1e6:g}M float32 parameters, {args.steps} "
-                   f"pushes per worker, {args.workers + 1} processes, one mpirun per run{rounds}. {note}")
+                   f"pushes per worker, {args.workers + 1} processes, one mpirun per run{rounds}. {note} "
+                   f"A torch copy moved {copy / 1e9:.1f} GB/s (read + written; median over the rounds).")
         command = docs_section.command("bench_end_to_end.py", sys.argv[1:])
         pairs = ["", "Each round's runs follow one another, so the ratios within a round are paired. Over the "
                  "rounds, each ratio's geometric mean with its 95% t interval, the median and the range, and "
@@ -179,8 +238,12 @@ def main() -> None:
     parser.add_argument("--markdown", metavar="PATH", help="also write this benchmark's section of PATH "
                         "(docs/PERFORMANCE.md)")
     parser.add_argument("--run", choices=(RAW, *MODES), help=argparse.SUPPRESS)
+    parser.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    train(args) if args.run else launch(args)
+    if args.memory:
+        measure_memory(args)
+    else:
+        train(args) if args.run else launch(args)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,12 @@ def _positive_integer(raw: str) -> int:
     return int(raw)
 
 
+def _non_negative_integer(raw: str) -> int:
+    if not raw.strip().isdigit():
+        raise ValueError("use a whole number >= 0")
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class Variable:
     """One environment variable: what it does, and how its value is read
@@ -109,6 +115,11 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_LOG_LEVEL", "the level of the package's messages (logger hvd_dcasgd): debug, info "
              "(default), warning, error or critical", _choice("debug", "info", "warning", "error", "critical")),
     Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),
+    Variable("HVD_DCASGD_FUSION_THRESHOLD", "the most bytes of gradient in one bucket a worker sends during "
+             "backward, as soon as backward has finished it (64 MiB, as Horovod's "
+             "HOROVOD_FUSION_THRESHOLD); 0: the whole gradient goes with step(), after backward; overrides "
+             "DistributedOptimizer(fusion_threshold=...)", _non_negative_integer,
+             default=64 << 20),
     Variable("HVD_DCASGD_SERVERS", "how many server ranks: world ranks 0..S-1 serve one slice of the "
              "parameters each, the rest are workers; overrides init(servers=...)", _positive_integer, default=1),
     Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device (default: CUDA when it has one, else the CPU)"),

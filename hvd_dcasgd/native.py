@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -131,6 +131,30 @@ def dcasgd_f32(grad: torch.Tensor, weight: torch.Tensor, backup: torch.Tensor, m
         torch.get_num_threads(), int(nesterov), int(lr is not None),
     )
     return True
+
+
+def dcasgd_f32_streams(grad: torch.Tensor, weight: torch.Tensor, backup: torch.Tensor,
+                       mean_square: Optional[torch.Tensor], lambda_0: float, mean_square_momentum: float, eps: float,
+                       lr: Optional[float], weight_decay: float = 0.0, momentum: float = 0.0,
+                       dampening: float = 0.0, nesterov: bool = False,
+                       momentum_buffer: Optional[torch.Tensor] = None,
+                       first_step: bool = False) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+    """The arrays one pass of :func:`dcasgd_f32` with these arguments reads
+    and writes, as the kernel's variant (chosen as ``hvd_dcasgd_f32`` does)
+    touches them: the gradient and the weights are read; the backup is read
+    unless a step's compensation is plain (lambda_0 0, no MeanSquare); MeanSquare
+    and the momentum buffer are read and written where given; with a step
+    the weights and the backup are written, without one the gradient."""
+    step = lr is not None
+    plain = step and mean_square is None and lambda_0 == 0.0  # only the step variants have a plain form
+    reads = [grad, weight] + ([] if plain else [backup])
+    writes = [weight, backup] if step else [grad]
+    extra = [mean_square] + ([momentum_buffer] if step else [])
+    for t in extra:
+        if t is not None:
+            reads.append(t)
+            writes.append(t)
+    return reads, writes
 
 
 def pack_f32(src: torch.Tensor, dst: torch.Tensor, check: bool = True) -> Optional[bool]:

@@ -62,6 +62,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "to accumulate gradients locally, or call step() after each backward()."
             )
         self._passes[p] = count
+        if count == self.backward_passes_per_step and self._session is not None and not self._session.finished:
+            self._session.worker.gradient_final(p)  # its bucket may go now, during backward
 
     def synchronize(self) -> None:
         """Close the gradient-accumulation window.
@@ -69,14 +71,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         In Horovod this waits for the allreduce so that gradients can be
         clipped or unscaled before ``step()``.  Here gradients stay on the
         worker until ``step()`` pushes them, so there is nothing to wait for:
-        whatever ``p.grad`` holds when ``step()`` runs is what the server gets.
+        whatever ``p.grad`` holds when ``step()`` runs is what the server gets
+        (buckets sent during backward are sent again by ``step()``, in case
+        the gradients are clipped or unscaled in between).
         """
         self._passes.clear()
+        self._restart_buckets()
+
+    def _restart_buckets(self) -> None:
+        if self._session is not None and not self._session.finished:
+            self._session.worker.restart()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients and start a new accumulation window (a step a
         GradScaler skipped after an overflow leaves none open)."""
         self._passes.clear()
+        self._restart_buckets()
         super(self.__class__, self).zero_grad(set_to_none)
 
     @contextmanager
@@ -203,6 +213,7 @@ def DistributedOptimizer(
     lr_scaling: Optional[str] = None,
     checkpoint_dir: Optional[str] = None,
     metrics_dir: Optional[str] = None,
+    fusion_threshold: Optional[int] = None,
 ) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` for asynchronous training with delay compensation.
 
@@ -264,6 +275,12 @@ def DistributedOptimizer(
             ...: :mod:`hvd_dcasgd.metrics`) every
             ``HVD_DCASGD_METRICS_INTERVAL`` seconds.
             ``HVD_DCASGD_METRICS`` overrides it.
+        fusion_threshold: the most bytes of gradient a worker sends in one
+            bucket during backward, as soon as backward has finished it
+            (default 64 MiB, Horovod's ``HOROVOD_FUSION_THRESHOLD``); 0
+            sends the whole gradient with ``step()``.  The server applies
+            the push whole either way.  ``HVD_DCASGD_FUSION_THRESHOLD``
+            overrides it.
     """
     rt = runtime()
     if rt.session is not None:
@@ -286,6 +303,10 @@ def DistributedOptimizer(
         )
     if backward_passes_per_step < 1:
         raise HvdDcasgdError("hvd_dcasgd: backward_passes_per_step must be at least 1")
+    threshold = resolve("HVD_DCASGD_FUSION_THRESHOLD", fusion_threshold)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: fusion_threshold={threshold!r} is not valid: use a whole number "
+                                  "of bytes >= 0.")
     settings = Compensation(
         mode=compensation,
         schedule=schedule,
@@ -309,6 +330,7 @@ def DistributedOptimizer(
     wrapped.method = method
     if rt.role != LOCAL:
         wrapped._session = start_worker(rt, wrapped, layout, settings, wire_dtype, model, check_finite, slices)
+        wrapped._session.worker.set_fusion_threshold(threshold)
     return wrapped
 
 

@@ -32,6 +32,7 @@ from .compensation import Compensation
 from .config import resolve
 from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
+from .pipelined import PipelinedUpdate, pipelined
 from .staging import Staging
 from .telemetry import Telemetry
 from .tensors import all_finite, snapshot
@@ -102,6 +103,8 @@ class ParameterServer:
             self._fill_outbox(m)
         self.update = ServerUpdate(optimizer, layout, compensation, self.weights, self.grad, num_workers,
                                    staged=self.staging is not None, path=update_path)
+        chunked, self.pipelined_why = pipelined(self.update, self.staging)
+        self.pipelined = PipelinedUpdate(self.update, self.staging) if chunked else None
         self.extras = extras or {}
         self.checked_by_workers = list(checked_by_workers or [False] * num_workers)
 
@@ -115,11 +118,12 @@ class ParameterServer:
         self.staging.upload(wire, self.wire_gradient)
         return self.wire_gradient
 
-    def _fill_outbox(self, worker: int) -> None:
-        """Make w_bak(worker) visible in worker's outbox (a copy when staged:
-        on the CPU the backup is the outbox) and note the update it holds;
-        the serving loop's reply is what tells the worker."""
-        if self.staging is not None:
+    def _fill_outbox(self, worker: int, copied: bool = False) -> None:
+        """Make w_bak(worker) visible in worker's outbox (a copy when staged,
+        unless ``copied``: it is already; on the CPU the backup is the
+        outbox) and note the update it holds; the serving loop's reply is
+        what tells the worker."""
+        if self.staging is not None and not copied:
             self.staging.download(self.backups[worker], self.outboxes[worker])
         self.sent_at[worker] = self.updates
 
@@ -161,11 +165,15 @@ class ParameterServer:
             return
         self.telemetry.record(self.updates, worker, self.updates - self.sent_at[worker])
         start = time.perf_counter()
-        self.update(self._wire_gradient(worker), self.backups[worker], worker, self.messages[worker].lrs.tolist(),
-                    staleness=self.updates - self.sent_at[worker])
+        if self.pipelined is not None:  # copies and update chunk by chunk: the outbox is written when it returns
+            self.pipelined(self.messages[worker].gradient, self.wire_gradient, self.backups[worker],
+                           self.outboxes[worker], worker, self.messages[worker].lrs.tolist())
+        else:
+            self.update(self._wire_gradient(worker), self.backups[worker], worker,
+                        self.messages[worker].lrs.tolist(), staleness=self.updates - self.sent_at[worker])
         self.telemetry.apply_seconds += time.perf_counter() - start
         self.updates += 1
-        self._fill_outbox(worker)
+        self._fill_outbox(worker, copied=self.pipelined is not None)
 
     def apply_round(self, workers: Sequence[int]) -> None:
         """Average one push from each of ``workers`` into one update (SSGD);

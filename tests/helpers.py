@@ -444,3 +444,52 @@ def check_resumed_sharded(tmp_path, lines, servers):
     for path in [*(tmp_path / f"worker{m}.pt" for m in range(1, WORKERS)), tmp_path / "server.pt",
                  *(tmp_path / f"server{s}.pt" for s in range(1, servers))]:
         assert torch.equal(flat_ab(torch.load(path)), final), path
+
+
+def check_exactly_once(records, steps_per_worker):
+    total = sum(steps_per_worker)
+    assert [r["update"] for r in records] == list(range(total)), "one server update per push, in order"
+    for m, steps in enumerate(steps_per_worker):
+        assert [r["step"] for r in records if r["worker"] == m] == list(range(steps))
+    last_sent = {}
+    for r in records:  # staleness = updates between the weights sent to m and this update
+        assert r["staleness"] == r["update"] - last_sent.get(r["worker"], 0)
+        last_sent[r["worker"]] = r["update"] + 1
+
+
+def replay_paper(records, args):
+    """Replay the trace in one process: the gradient of push (m, k) at w_bak(m),
+    compensated by the paper's formulas written out here (sharing no code with
+    the package), then a fresh torch optimizer."""
+    torch.manual_seed(1000)  # the server rank's seed: its weights are the initial ones
+    model = synthetic.Model()
+    if args.restore:
+        with torch.no_grad():
+            model.a.fill_(synthetic.RESTORED_A)
+    optimizer = synthetic.make_optimizer(model, args)
+    params = [model.a, model.b]
+    backups = [[p.detach().clone() for p in params] for _ in range(WORKERS)]
+    mean_squares = [torch.zeros_like(p) for p in params]
+    lambda_0 = {"constant": 0.04, "adaptive": 2.0}.get(args.compensation, 0.0)
+    wire = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compression]
+    for r in records:
+        m, k = r["worker"], r["step"]
+        worker_model = synthetic.Model()
+        with torch.no_grad():
+            worker_model.a.copy_(backups[m][0])
+            worker_model.b.copy_(backups[m][1])
+        synthetic.backward_passes(worker_model, m, k, args)
+        if args.clip:
+            torch.nn.utils.clip_grad_norm_(worker_model.parameters(), synthetic.CLIP)
+        grads = [worker_model.a.grad.to(wire).float(), worker_model.b.grad.to(wire).float()]
+        for p, g, w_bak, mean_square in zip(params, grads, backups[m], mean_squares):
+            w = p.detach()
+            p.grad = paper_compensation(args.compensation, g, w, w_bak, lambda_0, mean_square)
+        factor = synthetic.lr_factor(k) if args.schedule else 1.0
+        if args.lr_scaling == "horovod":  # Horovod's rate is for the average of all workers' gradients
+            factor /= WORKERS
+        optimizer.param_groups[0]["lr"] = args.lr * factor
+        optimizer.param_groups[1]["lr"] = args.lr * 0.5 * factor
+        optimizer.step()
+        backups[m] = [p.detach().clone() for p in params]
+    return model

@@ -60,6 +60,12 @@ def test_apply_benchmark_runs_and_writes_its_section(page):
     assert len(re.findall(RATIO, result.stdout)) == 12, result.stdout
     rows = _table(_section(page, "bench_apply.py", argv))
     assert len(rows) == 12 and rows[0][-1] == "1.00", rows
+    # each update's bytes, counted from its transfers; its rate is those bytes over its time
+    assert rows[0][3:5] == [f"{4096 * 10 / 1e6:.3g}"] * 2, rows  # the copy: 2.5 model sizes read and written
+    for row in rows:
+        ms, read, written, rate = (float(cell) for cell in row[2:6])
+        assert read > 0 and written > 0, row
+        assert rate == pytest.approx((read + written) / ms, rel=0.03), row  # MB per ms: GB/s, to 3 figures
     assert {row[1] for row in rows[2:]} <= {"`fused_sgd`", "`fused`", "`foreach`", "`reference`"}, rows
 
 
@@ -94,8 +100,11 @@ def test_end_to_end_benchmark_runs_and_writes_its_section(page):
     assert lines == [(m, h) for m in MODES for h in settings], result.stdout
     rows = _table(_section(page, "bench_end_to_end.py", argv))
     assert [row[0].split()[0] for row in rows] == ["raw"] + [f"`{m}`" for m in MODES], rows
-    width = 1 + 3 * len(settings) + (len(settings) == 2)
+    width = 1 + 3 * len(settings) + (len(settings) == 2) + 1 + len(settings)
     assert all(len(row) == width for row in rows), rows
+    # each mode's bytes per update (counted from its transfers), then updates/s times them against the copy
+    assert all(re.fullmatch(r"[\d.]+ \+ [\d.]+", row[width - 1 - len(settings)]) for row in rows[1:]), rows
+    assert all(re.fullmatch(r"\d+\.\d\d \(\d+\.\d\d\)", cell) for row in rows[1:] for cell in row[-len(settings):])
     assert rows[0][2] == "1.00" and rows[1][3] == "1.00", rows  # raw to raw, ASGD to ASGD
     raw = float(rows[0][1])
     assert all(abs(float(row[2]) - float(row[1]) / raw) < 0.01 for row in rows[1:]), rows
@@ -206,3 +215,17 @@ def test_drop_in_accuracy_is_a_paired_difference_with_a_verdict_on_the_margin():
     assert rows[1][3:] == ["-5.00", "missed"], rows  # -5, -4, -5 points: the interval lies below -3
     assert rows[2][2:] == ["+0.00 [+0.00, +0.00]", "+0.00", "met"], rows
     assert drop_in_accuracy.final_accuracy("Accuracy: 10.00%\n...Accuracy: 96.94%") == pytest.approx(0.9694)
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_overlap_benchmark_times_the_step_against_its_bounds_and_writes_its_section(page):
+    argv = ["--width", 64, "--depth", 2, "--rounds", 1, "--fusion-threshold", 4096, "--markdown", page[0]]
+    result = python(BENCH / "bench_overlap.py", *argv, timeout=600)
+    assert result.returncode == 0, result.stdout
+    rows = _table(_section(page, "bench_overlap.py", argv))
+    assert [row[0].split(",")[0] for row in rows] == ["one node", "TCP", "TCP as above"], rows
+    for row in rows:
+        compute, exchange, _, _, low, high = (float(cell) for cell in row[2:8])
+        assert low == pytest.approx(max(compute, exchange), abs=0.06) and high == pytest.approx(compute + exchange,
+                                                                                               abs=0.11), row

@@ -47,7 +47,7 @@ def backward_passes(model: Model, worker: int, step: int, args) -> None:
     """The backward pass(es) of worker's push ``step``: two accumulated with
     ``--accumulate``."""
     for i in range(2 if args.accumulate else 1):
-        loss_on(model, *batch(worker, step + 1000 * i)).backward()
+        loss_on(model, *(t.to(model.a.device) for t in batch(worker, step + 1000 * i))).backward()
 
 
 def make_optimizer(model: Model, args):
@@ -94,6 +94,7 @@ def parse_args(argv=None):
                         help="once SLURM has restarted the job (SLURM_RESTART_COUNT), this many steps more")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a slow model)")
     parser.add_argument("--big", type=int, default=0, help="a frozen buffer of this many floats (big checkpoints)")
+    parser.add_argument("--worker-device", default="cpu", help="the workers' model's device (cuda: a GPU worker)")
     return parser.parse_args(argv)
 
 
@@ -123,6 +124,8 @@ def main():
     if hvd.is_server() and args.out:  # the server exits inside DistributedOptimizer
         name = "server.pt" if world_rank == 0 else f"server{world_rank}.pt"  # several servers: each its own
         atexit.register(lambda: torch.save(model.state_dict(), os.path.join(args.out, name)))
+    if not hvd.is_server():
+        model.to(args.worker_device)
     base = make_optimizer(model, args)
     if args.bad == "groups" and odd:
         base = torch.optim.SGD(model.parameters(), lr=args.lr)
@@ -203,7 +206,8 @@ def main():
     if args.out:
         torch.save(model.state_dict(), os.path.join(args.out, f"worker{hvd.rank()}.pt"))
         with open(os.path.join(args.out, f"start{hvd.rank()}.json"), "w") as f:
-            json.dump({**start, "skipped": skipped}, f)
+            overlapped = optimizer._session.worker.overlapped if getattr(optimizer, "_session", None) else 0
+            json.dump({**start, "skipped": skipped, "overlapped": overlapped}, f)  # buckets sent in backward
     print(f"worker {hvd.rank()} done: {steps} steps, {skipped} skipped", flush=True)
 
 

@@ -151,26 +151,3 @@ def test_optimizers_over_the_slices_step_exactly_as_the_whole_one(cls, kwargs):
     for i, entry in expected["state"].items():
         for key, value in entry.items():
             assert torch.equal(torch.as_tensor(merged["state"][i][key]), torch.as_tensor(value)), (i, key)
-
-
-def test_the_worker_sends_each_server_the_rates_and_its_slice_of_the_gradient():
-    """Worker.per_server: server s's inbox is the learning-rate header, then
-    the gradient's elements of s's slice, whatever pieces the pack made
-    (large gradients Put from their own memory, small ones packed)."""
-    from test_worker_pack import _assemble, _worker
-
-    from hvd_dcasgd.worker import DIRECT_PUT_BYTES
-
-    big = DIRECT_PUT_BYTES // 4 + 8  # a gradient Put from its own memory
-    model = torch.nn.Sequential(torch.nn.Linear(big, 1), torch.nn.Linear(1, 3))
-    numel = sum(p.numel() for p in model.parameters())
-    slices = [(0, 1000), (1000, big + 2), (big + 2, numel)]
-    worker = _worker(model, slices=slices)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p)
-    gradient = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
-    header = worker.message.header_bytes
-    for (start, end), pieces in zip(slices, worker.per_server(worker.pack())):
-        inbox = _assemble(pieces, header + 4 * (end - start))
-        assert torch.equal(inbox[:header], worker.message.bytes[:header])
-        assert torch.equal(inbox[header:].view(torch.float32), gradient[start:end])

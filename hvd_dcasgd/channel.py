@@ -26,7 +26,7 @@ import os
 import sys
 import threading
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -136,12 +136,18 @@ class WorkerChannel:
         """Tell the server this worker will push no more."""
         self.control.store(_word(self.worker, LEFT), 1)
 
-    def wait_closed(self) -> None:
+    def wait_closed(self, asked_to_stop: Callable[[], bool] = lambda: False) -> None:
         """Wait (sleeping, not spinning) until the server closed the session;
-        raise if the server is silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds."""
+        raise if the server is silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds.
+        Once ``asked_to_stop()`` (a signal reached this rank while it waits),
+        ask the server to stop: the others stop after their step."""
         backoff = Backoff(max_sleep=1e-2)
         self._waiting_since = time.monotonic()
+        told = False
         while not self.control.load(_global_word(self.control, CLOSED)):
+            if not told and asked_to_stop():
+                self.ask_to_stop()
+                told = True
             backoff.wait()
             self._check_server_alive()
         self._waiting_since = None

@@ -12,7 +12,7 @@ import torch
 from helpers import PROGRAMS, TCP, mpirun, python, run
 
 from hvd_dcasgd.errors import HvdDcasgdError
-from hvd_dcasgd.lifecycle import Lifecycle, Phase
+from hvd_dcasgd.lifecycle import Lifecycle, Phase, Verdict
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -276,28 +276,46 @@ def test_mpi_imported_after_hvd_dcasgd_works_on_every_path(mca):
 
 
 def test_a_ranks_lifecycle_moves_forward_only_and_signals_only_inform_it():
-    """The phases of one rank: a signal is taken only while training (the
-    first one; a second, or one outside a session, does what it did before),
-    a stop records where, and a move backwards is a sentence."""
-    lifecycle = Lifecycle()
+    """The phases of one rank: the first signal while training stops it,
+    every later one is only counted -- also while ending -- until the grace
+    is over; outside a session a signal does what it did before; a stop
+    records where, and a move backwards is a sentence."""
+    now = [100.0]
+    lifecycle = Lifecycle(clock=lambda: now[0])
     assert lifecycle.phase is Phase.STARTING
-    assert not lifecycle.signal_received(signal.SIGTERM), "before the session: the signal does what it did"
-    lifecycle.start_training(stops_on_signal=True)
-    assert lifecycle.signal_received(signal.SIGUSR1) and lifecycle.asked_to_stop
-    assert not lifecycle.signal_received(signal.SIGTERM), "a second signal does what it did before"
-    assert lifecycle.signal == signal.SIGUSR1 and lifecycle.phase is Phase.TRAINING, "informed, not moved"
+    assert lifecycle.signal_received(signal.SIGTERM) is Verdict.AS_BEFORE, "before the session"
+    lifecycle.start_training(stops_on_signal=True, grace=30.0)
+    assert lifecycle.signal_received(signal.SIGUSR1) is Verdict.STOPS and lifecycle.asked_to_stop
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGTERM):
+        assert lifecycle.signal_received(number) is Verdict.NOTED, "a later signal is only counted"
+    assert lifecycle.signal == signal.SIGUSR1 and lifecycle.later_signals == 4
+    assert lifecycle.phase is Phase.TRAINING, "informed, not moved"
     lifecycle.stop(at=12)
     lifecycle.stop(at=15)
     assert (lifecycle.phase, lifecycle.stopped_at, lifecycle.stopped) == (Phase.STOPPING, 12, True)
     lifecycle.end()
-    assert not Lifecycle().signal_received(signal.SIGTERM)
+    now[0] += 29.0
+    assert lifecycle.signal_received(signal.SIGINT) is Verdict.NOTED, "while ending (shutdown, the last checkpoint)"
+    now[0] += 1.0
+    assert lifecycle.signal_received(signal.SIGINT) is Verdict.NOW, "the grace is over: the way out at once"
+    assert Lifecycle().signal_received(signal.SIGTERM) is Verdict.AS_BEFORE
     with pytest.raises(HvdDcasgdError, match="cannot go from ending to training"):
         lifecycle.move(Phase.TRAINING)
     lifecycle.finish()
     assert lifecycle.phase is Phase.FINISHED
+    assert lifecycle.signal_received(signal.SIGTERM) is Verdict.AS_BEFORE, "this rank's part is over"
+
+
+def test_without_a_grace_every_later_signal_is_only_counted():
+    now = [0.0]
+    lifecycle = Lifecycle(clock=lambda: now[0])
+    lifecycle.start_training(stops_on_signal=True, grace=None)
+    assert lifecycle.signal_received(signal.SIGINT) is Verdict.STOPS
+    now[0] += 1e6
+    assert lifecycle.signal_received(signal.SIGINT) is Verdict.NOTED
 
 
 def test_horovods_baseline_leaves_signals_as_they_were():
     lifecycle = Lifecycle()
     lifecycle.start_training(stops_on_signal=False)
-    assert not lifecycle.signal_received(signal.SIGTERM) and not lifecycle.asked_to_stop
+    assert lifecycle.signal_received(signal.SIGTERM) is Verdict.AS_BEFORE and not lifecycle.asked_to_stop

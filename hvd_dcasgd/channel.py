@@ -32,7 +32,7 @@ import numpy as np
 
 from .errors import HvdDcasgdError
 from .exits import SERVER_SILENT, WORKER_DROPPED
-from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
+from .stall import FROZEN_AFTER, StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .transport import Backoff, ControlWords, Mailboxes
 
 WORDS_PER_WORKER = 3
@@ -172,6 +172,8 @@ class WorkerChannel:
         now = time.monotonic()
         if now - self._beat_read < HEARTBEAT_SECONDS:
             return
+        if now - self._beat_read > HEARTBEAT_SECONDS + FROZEN_AFTER:  # not looking since (frozen, or stepping):
+            self._beat_seen = now  # that time is no silence of the server's
         self._beat_read = now
         beat = self.control.load(_global_word(self.control, HEARTBEAT))
         if beat != self._beat:
@@ -193,12 +195,17 @@ class WorkerChannel:
         without MPI, so that ``mpirun`` ends the job) a little later."""
 
         def watch() -> None:
+            woke = time.monotonic()
             while True:
                 time.sleep(HEARTBEAT_SECONDS)
+                now = time.monotonic()
+                if now - woke > HEARTBEAT_SECONDS + FROZEN_AFTER:  # this process was frozen (SIGSTOP, a
+                    self._beat_seen = max(self._beat_seen, now)  # suspended job): silence counts from now
+                woke = now
                 since = self._waiting_since
                 if since is None:
                     continue
-                silent = time.monotonic() - max(since, self._beat_seen)
+                silent = now - max(since, self._beat_seen)
                 if silent >= self._timeout + 4 * HEARTBEAT_SECONDS:
                     print(self._server_silent(silent), file=sys.stderr, flush=True)
                     os._exit(SERVER_SILENT)

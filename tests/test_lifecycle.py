@@ -13,6 +13,7 @@ from helpers import PROGRAMS, TCP, mpirun, python, run
 
 from hvd_dcasgd.errors import HvdDcasgdError
 from hvd_dcasgd.lifecycle import Lifecycle, Phase, Verdict
+from hvd_dcasgd.stall import StallWatch
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -319,3 +320,16 @@ def test_horovods_baseline_leaves_signals_as_they_were():
     lifecycle = Lifecycle()
     lifecycle.start_training(stops_on_signal=False)
     assert lifecycle.signal_received(signal.SIGTERM) is Verdict.AS_BEFORE and not lifecycle.asked_to_stop
+
+
+def test_silence_is_measured_while_the_watcher_runs_not_by_the_clock():
+    """A gap between two looks longer than FROZEN_AFTER (the watcher was
+    frozen: a suspended job) is nobody's silence; silence while it looks is."""
+    now = [0.0]
+    watch = StallWatch(["worker 0"], None, clock=lambda: now[0])
+    now[0] += 6.0  # the whole job was suspended: no look for 6 s
+    assert watch.silent_past([True], 3.0) == []
+    for _ in range(40):  # then the watcher looks every 0.1 s and the worker stays silent
+        now[0] += 0.1
+        silent = watch.silent_past([True], 3.0)
+    assert silent == [0]

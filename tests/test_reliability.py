@@ -106,6 +106,28 @@ def test_sigterm_to_a_worker_waiting_in_shutdown_stops_the_others_and_resumes_ex
     resume_exactly(tmp_path, env, args, steps=lambda m: 30 * (m + 1))
 
 
+def test_a_signal_while_the_server_writes_its_stop_checkpoint_leaves_it_whole(tmp_path):
+    """A second SIGTERM to every rank while the server writes its stop
+    checkpoint (160 MB): the write completes, status 75, and it resumes."""
+    folder = tmp_path / "checkpoints"
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(folder)}
+    args = ["--steps", 400, "--step-time", 0.02, "--big", 40_000_000]
+    job = Job(tmp_path, *args, env=env, timeout=180)
+    job.wait_for("starts at step 0", WORKERS)
+    job.signal_ranks(signal.SIGTERM)
+    job.wait_for(lambda: list(folder.glob(".checkpoint-*.tmp")))
+    job.signal_ranks(signal.SIGTERM)  # during the write
+    status = job.wait()
+    log = job.text()
+    assert status == 75, log
+    kept = list(folder.glob("checkpoint-*.pt"))
+    assert len(kept) == 1 and not list(folder.glob(".checkpoint-*.tmp")), log
+    assert torch.load(kept[0], weights_only=True)["format"] == 2
+    status, log = run_job(tmp_path, *args, env=env, timeout=180, log="resumed")
+    assert status == 0, log
+    assert f"resuming from update {int(kept[0].name[11:20])}" in log, log
+
+
 def test_a_suspended_job_resumes_training_without_drops(tmp_path):
     """SIGSTOP to every rank for twice the stall timeout, then SIGCONT (what
     ``scontrol suspend`` and ``resume`` do): no rank counts the time it was

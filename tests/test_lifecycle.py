@@ -333,3 +333,26 @@ def test_silence_is_measured_while_the_watcher_runs_not_by_the_clock():
         now[0] += 0.1
         silent = watch.silent_past([True], 3.0)
     assert silent == [0]
+
+
+def test_a_signal_past_the_grace_ends_the_process_at_once_with_a_sentence():
+    """The way out at once: the handler says so, then the signal's own
+    default action ends the process (status -SIGTERM); a noted one does not."""
+    program = ("import os, signal, time\n"
+               "from hvd_dcasgd import preemption\n"
+               "from hvd_dcasgd.lifecycle import Lifecycle\n"
+               "lifecycle = Lifecycle()\n"
+               "lifecycle.start_training(stops_on_signal=True, grace=0.5)\n"
+               "preemption.install(lifecycle.signal_received, 'rank 3 (worker 2)')\n"
+               "os.kill(os.getpid(), signal.SIGTERM)\n"
+               "os.kill(os.getpid(), signal.SIGINT)\n"
+               "print('noted', lifecycle.signal, lifecycle.later_signals, flush=True)\n"
+               "time.sleep(0.6)\n"
+               "os.kill(os.getpid(), signal.SIGINT)\n"
+               "time.sleep(5)\n"
+               "print('not reached', flush=True)\n")
+    result = run([sys.executable, "-c", program], timeout=60)
+    assert result.returncode == -signal.SIGINT, result.stdout
+    assert f"noted {int(signal.SIGTERM)} 1" in result.stdout and "not reached" not in result.stdout, result.stdout
+    assert ("hvd_dcasgd: rank 3 (worker 2) ends at once on SIGINT, which came HVD_DCASGD_STOP_GRACE seconds or more "
+            "after the first stop signal") in result.stdout, result.stdout

@@ -5,7 +5,7 @@ gradients j has published), ``replied`` (how many the server has answered) and
 ``left`` (j has finished training) -- then three global words: ``stop`` (a
 rank was asked to stop: preemption), ``heartbeat`` (the server's loop counts
 it up about twice a second, so a waiting worker can tell a slow answer from a
-server that is gone) and ``closed``, set by the server when every worker has
+server that is gone; :data:`WRITING_BIT` set while it writes a checkpoint) and ``closed``, set by the server when every worker has
 left.  Two high bits of ``replied`` carry the server's news with the answer
 itself: :data:`STOP_BIT` (stop after this step) and :data:`DROPPED_BIT` (this
 worker was silent too long and no longer takes part).
@@ -43,6 +43,8 @@ STOP, HEARTBEAT, CLOSED = range(-GLOBAL_WORDS, 0)  # from the end of the window
 #: Bits of a ``replied`` word above the count of answers.
 STOP_BIT, DROPPED_BIT = 1 << 61, 1 << 62
 COUNT_MASK = (1 << 61) - 1
+#: A bit of the ``heartbeat`` word: the server is writing a checkpoint (busy, not silent).
+WRITING_BIT = 1 << 62
 HEARTBEAT_SECONDS = 0.5
 
 
@@ -176,7 +178,7 @@ class WorkerChannel:
             self._beat_seen = now  # that time is no silence of the server's
         self._beat_read = now
         beat = self.control.load(_global_word(self.control, HEARTBEAT))
-        if beat != self._beat:
+        if beat != self._beat or beat & WRITING_BIT:  # it moved, or the server is busy writing a checkpoint
             self._beat, self._beat_seen = beat, now
         elif now - self._beat_seen >= self._timeout:
             error = HvdDcasgdError(self._server_silent(now - self._beat_seen))
@@ -259,6 +261,15 @@ class ServerChannel:
             self._beats += 1
             self._beat_at = now
             self.control.store(_global_word(self.control, HEARTBEAT), self._beats)
+
+    def writing(self, busy: bool) -> None:
+        """Tell waiting workers that a checkpoint write begins (``busy``: its
+        time is not silence) or has ended (the heartbeat moves on at once)."""
+        if busy:
+            self.control.store(_global_word(self.control, HEARTBEAT), self._beats | WRITING_BIT)
+        else:
+            self._beat_at = 0.0
+            self._heartbeat()
 
     def reply(self, worker: int, stop: bool = False) -> None:
         """Publish ``worker``'s outbox, which the caller has just written;

@@ -128,6 +128,18 @@ def test_a_signal_while_the_server_writes_its_stop_checkpoint_leaves_it_whole(tm
     assert f"resuming from update {int(kept[0].name[11:20])}" in log, log
 
 
+def test_a_slow_checkpoint_write_is_not_silence_to_the_waiting_workers(tmp_path):
+    """Periodic 400 MB checkpoints, each longer to write than the stall
+    timeout: the workers waiting for an answer meanwhile do not end the job
+    (the server marks its heartbeat while it writes)."""
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.5",
+           "HVD_DCASGD_STALL_TIMEOUT": "1"}
+    status, log = run_job(tmp_path, "--steps", 60, "--step-time", 0.02, "--big", 100_000_000, env=env, timeout=240)
+    assert status == 0, log
+    assert "has not answered" not in log and "dropped" not in log, log
+    assert len(list((tmp_path / "checkpoints").glob("checkpoint-*.pt"))) == 2, log  # a periodic one, the final one
+
+
 def test_a_suspended_job_resumes_training_without_drops(tmp_path):
     """SIGSTOP to every rank for twice the stall timeout, then SIGCONT (what
     ``scontrol suspend`` and ``resume`` do): no rank counts the time it was

@@ -25,6 +25,7 @@ from hvd_dcasgd.endpoints import open_server
 from hvd_dcasgd.errors import HvdDcasgdError, HvdDcasgdWarning
 from hvd_dcasgd.layout import ModelLayout
 from hvd_dcasgd.mpi import load_mpi
+from hvd_dcasgd.serving import save
 from hvd_dcasgd.telemetry import cut_trace, read_trace
 
 from helpers import (PROGRAMS, TRAINING, WORKERS, Job, check_final_weights, check_history, check_resumed_sharded,
@@ -277,7 +278,7 @@ def test_weights_holding_nan_or_inf_are_never_written_over_good_checkpoints(tmp_
     server = open_server(load_mpi().COMM_SELF, optimizer, layout, Compensation("adaptive"), num_workers=2,
                          wire_dtype=torch.float32)
     checkpoints = Checkpoints(str(tmp_path / "checkpoints"), 0)
-    good = server.checkpoint(checkpoints)
+    good = save(server, checkpoints)
     for bad in (float("nan"), float("inf")):
         with torch.no_grad():
             server.weights[3] = bad
@@ -286,14 +287,14 @@ def test_weights_holding_nan_or_inf_are_never_written_over_good_checkpoints(tmp_
                                                   f"{server.updates}: checkpoint-{server.updates:09d}.pt not "
                                                   f"written in {tmp_path / 'checkpoints'}, the checkpoints there "
                                                   f"are kept \\({good.name}\\)"):
-            assert server.checkpoint(checkpoints) is None
+            assert save(server, checkpoints) is None
         assert _numbered(tmp_path / "checkpoints") == [good]
         assert torch.isfinite(Checkpoints.read(good)["weights"]).all()
     with torch.no_grad():
         server.weights[3] = 0.0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert server.checkpoint(checkpoints).name == f"checkpoint-{server.updates:09d}.pt"
+        assert save(server, checkpoints).name == f"checkpoint-{server.updates:09d}.pt"
     checkpoints.close()
 
 

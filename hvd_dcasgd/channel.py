@@ -5,7 +5,7 @@ gradients j has published), ``replied`` (how many the server has answered) and
 ``left`` (j has finished training) -- then three global words: ``stop`` (a
 rank was asked to stop: preemption), ``heartbeat`` (the server's loop counts
 it up about twice a second, so a waiting worker can tell a slow answer from a
-server that is gone) and ``closed``, set by the server when every worker has
+server that is gone; :data:`WRITING_BIT` set while it writes a checkpoint) and ``closed``, set by the server when every worker has
 left.  Two high bits of ``replied`` carry the server's news with the answer
 itself: :data:`STOP_BIT` (stop after this step) and :data:`DROPPED_BIT` (this
 worker was silent too long and no longer takes part).
@@ -26,13 +26,13 @@ import os
 import sys
 import threading
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .errors import HvdDcasgdError
 from .exits import SERVER_SILENT, WORKER_DROPPED
-from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
+from .stall import FROZEN_AFTER, StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .transport import Backoff, ControlWords, Mailboxes
 
 WORDS_PER_WORKER = 3
@@ -43,6 +43,8 @@ STOP, HEARTBEAT, CLOSED = range(-GLOBAL_WORDS, 0)  # from the end of the window
 #: Bits of a ``replied`` word above the count of answers.
 STOP_BIT, DROPPED_BIT = 1 << 61, 1 << 62
 COUNT_MASK = (1 << 61) - 1
+#: A bit of the ``heartbeat`` word: the server is writing a checkpoint (busy, not silent).
+WRITING_BIT = 1 << 62
 HEARTBEAT_SECONDS = 0.5
 
 
@@ -136,12 +138,18 @@ class WorkerChannel:
         """Tell the server this worker will push no more."""
         self.control.store(_word(self.worker, LEFT), 1)
 
-    def wait_closed(self) -> None:
+    def wait_closed(self, asked_to_stop: Callable[[], bool] = lambda: False) -> None:
         """Wait (sleeping, not spinning) until the server closed the session;
-        raise if the server is silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds."""
+        raise if the server is silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds.
+        Once ``asked_to_stop()`` (a signal reached this rank while it waits),
+        ask the server to stop: the others stop after their step."""
         backoff = Backoff(max_sleep=1e-2)
         self._waiting_since = time.monotonic()
+        told = False
         while not self.control.load(_global_word(self.control, CLOSED)):
+            if not told and asked_to_stop():
+                self.ask_to_stop()
+                told = True
             backoff.wait()
             self._check_server_alive()
         self._waiting_since = None
@@ -166,9 +174,11 @@ class WorkerChannel:
         now = time.monotonic()
         if now - self._beat_read < HEARTBEAT_SECONDS:
             return
+        if now - self._beat_read > HEARTBEAT_SECONDS + FROZEN_AFTER:  # not looking since (frozen, or stepping):
+            self._beat_seen = now  # that time is no silence of the server's
         self._beat_read = now
         beat = self.control.load(_global_word(self.control, HEARTBEAT))
-        if beat != self._beat:
+        if beat != self._beat or beat & WRITING_BIT:  # it moved, or the server is busy writing a checkpoint
             self._beat, self._beat_seen = beat, now
         elif now - self._beat_seen >= self._timeout:
             error = HvdDcasgdError(self._server_silent(now - self._beat_seen))
@@ -187,12 +197,17 @@ class WorkerChannel:
         without MPI, so that ``mpirun`` ends the job) a little later."""
 
         def watch() -> None:
+            woke = time.monotonic()
             while True:
                 time.sleep(HEARTBEAT_SECONDS)
+                now = time.monotonic()
+                if now - woke > HEARTBEAT_SECONDS + FROZEN_AFTER:  # this process was frozen (SIGSTOP, a
+                    self._beat_seen = max(self._beat_seen, now)  # suspended job): silence counts from now
+                woke = now
                 since = self._waiting_since
                 if since is None:
                     continue
-                silent = time.monotonic() - max(since, self._beat_seen)
+                silent = now - max(since, self._beat_seen)
                 if silent >= self._timeout + 4 * HEARTBEAT_SECONDS:
                     print(self._server_silent(silent), file=sys.stderr, flush=True)
                     os._exit(SERVER_SILENT)
@@ -246,6 +261,15 @@ class ServerChannel:
             self._beats += 1
             self._beat_at = now
             self.control.store(_global_word(self.control, HEARTBEAT), self._beats)
+
+    def writing(self, busy: bool) -> None:
+        """Tell waiting workers that a checkpoint write begins (``busy``: its
+        time is not silence) or has ended (the heartbeat moves on at once)."""
+        if busy:
+            self.control.store(_global_word(self.control, HEARTBEAT), self._beats | WRITING_BIT)
+        else:
+            self._beat_at = 0.0
+            self._heartbeat()
 
     def reply(self, worker: int, stop: bool = False) -> None:
         """Publish ``worker``'s outbox, which the caller has just written;

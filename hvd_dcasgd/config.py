@@ -98,6 +98,10 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_STALL_TIMEOUT", "seconds of silence after which the server drops a worker (the others "
              "finish without it, then the job ends with status 69 naming it) and a worker ends the job naming a "
              "silent server (status 68); 0: never", _non_negative_number, default=0.0),
+    Variable("HVD_DCASGD_STOP_GRACE", "seconds after the first stop signal (SIGTERM, SIGINT, SIGUSR1) from which "
+             "another one ends a rank, and hvd-dcasgd-run's job, at once without saving; signals that come sooner "
+             "are only counted: the job stops once, with its checkpoint (0: every later signal is only counted)",
+             _non_negative_number, default=30.0),
     Variable("HVD_DCASGD_CHECKPOINT_DIR", "a folder: the server writes checkpoints of the whole training state there "
              "(the last two kept) and a job started again with the same folder resumes from the newest; overrides "
              "DistributedOptimizer(checkpoint_dir=...)"),

@@ -30,7 +30,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 PROG = "hvd-dcasgd-run"
 OPEN_MPI, MPICH = "openmpi", "mpich"
@@ -43,7 +43,7 @@ VISIBLE = "visible"
 ONE_SIDED_MCA = ("pml", "btl", "osc")
 #: What this launcher does with the signals that stop a job: the first one
 #: reaches the ranks at once as SIGUSR1 (mpirun forwards SIGUSR1 straight
-#: away), a second one is passed on as it is.
+#: away), and so do later ones, unless HVD_DCASGD_STOP_GRACE seconds have passed.
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1")
 # Where launchers put a rank's index on its node and in the job, first match wins.
 LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID")
@@ -509,15 +509,25 @@ def run_relaying_stops(command: Sequence[str]) -> int:
     forwards to every rank at once: the ranks stop after their current step,
     the server writes a checkpoint, and the job ends with status 75.  (Told
     SIGTERM itself, Open MPI's mpirun would first wait, then give the ranks
-    ``odls_base_sigkill_timeout`` seconds.)  A second signal goes on as it is."""
+    ``odls_base_sigkill_timeout`` seconds.)  Later ones are relayed the same
+    way (the ranks only count them: the job stops once), unless one comes
+    ``HVD_DCASGD_STOP_GRACE`` seconds or more after the first: that one goes
+    on as it is, and mpirun ends the job at once."""
     import signal
+    import time
 
+    from .config import resolve
+
+    grace = resolve("HVD_DCASGD_STOP_GRACE") or None
     child = subprocess.Popen(list(command))
-    received = []
+    first: List[float] = []  # when the first stop signal came
 
     def relay(number, frame):
-        received.append(number)
-        child.send_signal(signal.SIGUSR1 if len(received) == 1 else number)
+        now = time.monotonic()
+        if not first:
+            first.append(now)
+        at_once = grace is not None and now - first[0] >= grace
+        child.send_signal(number if at_once else signal.SIGUSR1)
 
     for name in STOP_SIGNALS:
         signal.signal(getattr(signal, name), relay)

@@ -27,11 +27,12 @@ the channel's stop word and answer bit (stop), :func:`.session.final_exchange`
 from __future__ import annotations
 
 import enum
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 from .errors import HvdDcasgdError
 
-__all__ = ["Lifecycle", "Phase"]
+__all__ = ["Lifecycle", "Phase", "Verdict"]
 
 
 class Phase(enum.Enum):
@@ -40,6 +41,15 @@ class Phase(enum.Enum):
     STOPPING = "stopping"
     ENDING = "ending"
     FINISHED = "finished"
+
+
+class Verdict(enum.Enum):
+    """What a stop signal does on a rank (:meth:`Lifecycle.signal_received`)."""
+
+    STOPS = "stops"  # the first one while training: the session stops after the current step
+    NOTED = "noted"  # the rank is already stopping or ending: counted, nothing else
+    AS_BEFORE = "as before"  # outside a session: the signal does what it did before
+    NOW = "now"  # HVD_DCASGD_STOP_GRACE seconds after the first one: the rank ends at once
 
 
 #: The phases each phase may move to.
@@ -61,10 +71,14 @@ class Lifecycle:
             leaves signals as they were.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.phase = Phase.STARTING
         self.stops_on_signal = False
+        self.grace: Optional[float] = None  # seconds after the first signal from which a later one ends the rank
+        self.clock = clock
         self.signal: Optional[int] = None  # the signal that asked this rank to stop
+        self.signalled_at: Optional[float] = None  # when (``clock``)
+        self.later_signals = 0  # signals noted after the first one
         self.stopped_at: Optional[int] = None  # on a server: the update from which pushes are answered "stop"
 
     def move(self, phase: Phase) -> None:
@@ -74,19 +88,32 @@ class Lifecycle:
                                  f"{phase.value}")
         self.phase = phase
 
-    def start_training(self, stops_on_signal: bool) -> None:
-        """The session has started on every rank."""
-        self.stops_on_signal = stops_on_signal
+    def start_training(self, stops_on_signal: bool, grace: Optional[float] = None) -> None:
+        """The session has started on every rank.  With ``stops_on_signal`` a
+        signal stops it gracefully; one that comes ``grace`` seconds or more
+        after the first ends the rank at once (``None``: never)."""
+        self.stops_on_signal, self.grace = stops_on_signal, grace
         self.move(Phase.TRAINING)
 
-    def signal_received(self, number: int) -> bool:
-        """From a signal handler: note the first signal while training (the
-        session then stops after the current step); ``False`` when the
-        signal must do what it did before (outside a session, a second one)."""
-        if self.phase in (Phase.TRAINING, Phase.STOPPING) and self.stops_on_signal and self.signal is None:
-            self.signal = number
-            return True
-        return False
+    def signal_received(self, number: int) -> Verdict:
+        """From a signal handler: what the signal ``number`` does.  From the
+        start of training until this rank's part of the session is over
+        (training, stopping, ending), the first signal stops the session
+        after the current step and every later one is only counted --
+        however many come, in any order -- unless it comes ``grace`` seconds
+        or more after the first: then the rank ends at once.  Before the
+        session and once this rank has finished, the signal does what it
+        did before."""
+        if not self.stops_on_signal or self.phase not in (Phase.TRAINING, Phase.STOPPING, Phase.ENDING):
+            return Verdict.AS_BEFORE
+        now = self.clock()
+        if self.signal is None:
+            self.signal, self.signalled_at = number, now
+            return Verdict.STOPS
+        if self.grace is not None and now - self.signalled_at >= self.grace:
+            return Verdict.NOW
+        self.later_signals += 1
+        return Verdict.NOTED
 
     @property
     def asked_to_stop(self) -> bool:

@@ -197,7 +197,7 @@ def _start(comm: Any, servers: int = 1) -> None:
     atexit.register(_at_exit)
     sys.excepthook = exits.abort_on_uncaught(sys.excepthook, world, servers)
     threading.excepthook = exits.abort_on_thread_exception(world, servers)
-    preemption.install(_runtime.lifecycle.signal_received)
+    preemption.install(_runtime.lifecycle.signal_received, exits.rank_name(world.Get_rank(), servers))
 
 
 def _at_exit() -> None:

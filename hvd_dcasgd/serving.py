@@ -108,7 +108,11 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
         due = coordination.due(server, lifecycle.stopped)
         if due is not None:
             if coordination.checkpoints is not None:
-                save(server, coordination.checkpoints, due.number)
+                channel.writing(True)  # a long write is not silence to the waiting workers
+                try:
+                    save(server, coordination.checkpoints, due.number)
+                finally:
+                    channel.writing(False)
             if due.stop:
                 lifecycle.stop(at=server.updates)
         if answered:

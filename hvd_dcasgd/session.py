@@ -38,7 +38,7 @@ from .layout import ModelLayout, trained_parameters, untrained_state
 from .lifecycle import Lifecycle
 from .mpi import transport
 from .messages import ControlRequests, Description, LoadOptimizerState, OptimizerStateWithWeights, Resumed, SetState
-from .preemption import Preempted, signal_name
+from .preemption import Preempted, signal_name, stop_grace_seconds
 from .runtime import SERVER, Runtime
 from .server import ParameterServer
 from .serving import save, serve
@@ -359,8 +359,8 @@ class WorkerSession:
         channels = self.worker.channels
         for channel in channels:
             channel.leave()
-        for channel in channels:
-            channel.wait_closed()
+        for channel in channels:  # a signal while it waits (or since its last step) stops the others
+            channel.wait_closed(lambda: self.lifecycle.signal is not None and not self._told_servers)
         dropped = sorted({m for channel in channels for m in channel.dropped_workers()})
         rt = self.rt
         if dropped:  # every server dropped the same workers: the end runs among the others
@@ -494,7 +494,7 @@ def run_server(
                              extras, workers, trace_path, checkpoint_dir, slices[rt.shard])
     start([comm], opening)
     session = ServerSession(rt, comm, opening.server, [name for name, _ in workers], coordination, params)
-    rt.lifecycle.start_training(stops_on_signal=True)
+    rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
     session.serve()
     session.finish()
     sys.exit(session.exit_status)
@@ -562,5 +562,5 @@ def start_worker(
     worker.load_weights()
     session = WorkerSession(rt, worker, extras, comms, servers, pushes_before)
     rt.session = session
-    rt.lifecycle.start_training(stops_on_signal=True)
+    rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
     return session

@@ -8,6 +8,12 @@ repeated at that interval while the silence lasts.  A worker waiting for the
 server's answer warns the same way.  With ``HVD_DCASGD_STALL_TIMEOUT`` (off by
 default, as Horovod's stall shutdown) a worker silent that long is dropped,
 and a server silent that long ends the job.
+
+Silence is measured, not the clock: only time during which the side that
+judges was running and looking counts.  A gap of more than
+:data:`FROZEN_AFTER` seconds between two of its looks means it was itself
+frozen (SIGSTOP, a suspended job: ``scontrol suspend``) or busy elsewhere;
+that gap is nobody's silence, so every last-heard time moves on by it.
 """
 
 from __future__ import annotations
@@ -18,7 +24,11 @@ from typing import Callable, List, Optional, Sequence
 from .config import resolve
 from .errors import warn
 
-__all__ = ["StallWatch", "stall_timeout_seconds", "stall_warning_seconds"]
+__all__ = ["FROZEN_AFTER", "StallWatch", "stall_timeout_seconds", "stall_warning_seconds"]
+
+#: Seconds between two looks of a watch beyond which the watcher itself was
+#: not running (its loop looks many times a second): the gap is not silence.
+FROZEN_AFTER = 1.0
 
 
 def stall_warning_seconds() -> Optional[float]:
@@ -41,15 +51,27 @@ class StallWatch:
         now = clock()
         self.last: List[float] = [now] * len(names)
         self.warned: List[float] = [now] * len(names)
+        self.looked = now  # the watcher's last look
+
+    def now(self) -> float:
+        """The clock, after moving every last-heard time on by the gap since
+        the previous look if that gap shows the watcher was not running."""
+        now = self.clock()
+        gap = now - self.looked
+        if gap > FROZEN_AFTER:
+            self.last = [t + gap for t in self.last]
+            self.warned = [t + gap for t in self.warned]
+        self.looked = now
+        return now
 
     def heard(self, index: int) -> None:
-        self.last[index] = self.warned[index] = self.clock()
+        self.last[index] = self.warned[index] = self.now()
 
     def check(self, owes: Sequence[bool], what: str = "has not pushed") -> None:
         """Warn about each ``index`` that ``owes`` something and has been silent too long."""
+        now = self.now()
         if self.warn_after is None:
             return
-        now = self.clock()
         for index, owing in enumerate(owes):
             if owing and now - self.warned[index] >= self.warn_after:
                 self.warned[index] = now
@@ -58,7 +80,7 @@ class StallWatch:
 
     def silent_past(self, owes: Sequence[bool], seconds: Optional[float]) -> List[int]:
         """The indices that ``owes`` something and have been silent ``seconds`` or more."""
+        now = self.now()
         if seconds is None:
             return []
-        now = self.clock()
         return [i for i, owing in enumerate(owes) if owing and now - self.last[i] >= seconds]

@@ -12,7 +12,8 @@ import torch
 from helpers import PROGRAMS, TCP, mpirun, python, run
 
 from hvd_dcasgd.errors import HvdDcasgdError
-from hvd_dcasgd.lifecycle import Lifecycle, Phase
+from hvd_dcasgd.lifecycle import Lifecycle, Phase, Verdict
+from hvd_dcasgd.stall import StallWatch
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -276,28 +277,82 @@ def test_mpi_imported_after_hvd_dcasgd_works_on_every_path(mca):
 
 
 def test_a_ranks_lifecycle_moves_forward_only_and_signals_only_inform_it():
-    """The phases of one rank: a signal is taken only while training (the
-    first one; a second, or one outside a session, does what it did before),
-    a stop records where, and a move backwards is a sentence."""
-    lifecycle = Lifecycle()
+    """The phases of one rank: the first signal while training stops it,
+    every later one is only counted -- also while ending -- until the grace
+    is over; outside a session a signal does what it did before; a stop
+    records where, and a move backwards is a sentence."""
+    now = [100.0]
+    lifecycle = Lifecycle(clock=lambda: now[0])
     assert lifecycle.phase is Phase.STARTING
-    assert not lifecycle.signal_received(signal.SIGTERM), "before the session: the signal does what it did"
-    lifecycle.start_training(stops_on_signal=True)
-    assert lifecycle.signal_received(signal.SIGUSR1) and lifecycle.asked_to_stop
-    assert not lifecycle.signal_received(signal.SIGTERM), "a second signal does what it did before"
-    assert lifecycle.signal == signal.SIGUSR1 and lifecycle.phase is Phase.TRAINING, "informed, not moved"
+    assert lifecycle.signal_received(signal.SIGTERM) is Verdict.AS_BEFORE, "before the session"
+    lifecycle.start_training(stops_on_signal=True, grace=30.0)
+    assert lifecycle.signal_received(signal.SIGUSR1) is Verdict.STOPS and lifecycle.asked_to_stop
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGTERM):
+        assert lifecycle.signal_received(number) is Verdict.NOTED, "a later signal is only counted"
+    assert lifecycle.signal == signal.SIGUSR1 and lifecycle.later_signals == 4
+    assert lifecycle.phase is Phase.TRAINING, "informed, not moved"
     lifecycle.stop(at=12)
     lifecycle.stop(at=15)
     assert (lifecycle.phase, lifecycle.stopped_at, lifecycle.stopped) == (Phase.STOPPING, 12, True)
     lifecycle.end()
-    assert not Lifecycle().signal_received(signal.SIGTERM)
+    now[0] += 29.0
+    assert lifecycle.signal_received(signal.SIGINT) is Verdict.NOTED, "while ending (shutdown, the last checkpoint)"
+    now[0] += 1.0
+    assert lifecycle.signal_received(signal.SIGINT) is Verdict.NOW, "the grace is over: the way out at once"
+    assert Lifecycle().signal_received(signal.SIGTERM) is Verdict.AS_BEFORE
     with pytest.raises(HvdDcasgdError, match="cannot go from ending to training"):
         lifecycle.move(Phase.TRAINING)
     lifecycle.finish()
     assert lifecycle.phase is Phase.FINISHED
+    assert lifecycle.signal_received(signal.SIGTERM) is Verdict.AS_BEFORE, "this rank's part is over"
+
+
+def test_without_a_grace_every_later_signal_is_only_counted():
+    now = [0.0]
+    lifecycle = Lifecycle(clock=lambda: now[0])
+    lifecycle.start_training(stops_on_signal=True, grace=None)
+    assert lifecycle.signal_received(signal.SIGINT) is Verdict.STOPS
+    now[0] += 1e6
+    assert lifecycle.signal_received(signal.SIGINT) is Verdict.NOTED
 
 
 def test_horovods_baseline_leaves_signals_as_they_were():
     lifecycle = Lifecycle()
     lifecycle.start_training(stops_on_signal=False)
-    assert not lifecycle.signal_received(signal.SIGTERM) and not lifecycle.asked_to_stop
+    assert lifecycle.signal_received(signal.SIGTERM) is Verdict.AS_BEFORE and not lifecycle.asked_to_stop
+
+
+def test_silence_is_measured_while_the_watcher_runs_not_by_the_clock():
+    """A gap between two looks longer than FROZEN_AFTER (the watcher was
+    frozen: a suspended job) is nobody's silence; silence while it looks is."""
+    now = [0.0]
+    watch = StallWatch(["worker 0"], None, clock=lambda: now[0])
+    now[0] += 6.0  # the whole job was suspended: no look for 6 s
+    assert watch.silent_past([True], 3.0) == []
+    for _ in range(40):  # then the watcher looks every 0.1 s and the worker stays silent
+        now[0] += 0.1
+        silent = watch.silent_past([True], 3.0)
+    assert silent == [0]
+
+
+def test_a_signal_past_the_grace_ends_the_process_at_once_with_a_sentence():
+    """The way out at once: the handler says so, then the signal's own
+    default action ends the process (status -SIGTERM); a noted one does not."""
+    program = ("import os, signal, time\n"
+               "from hvd_dcasgd import preemption\n"
+               "from hvd_dcasgd.lifecycle import Lifecycle\n"
+               "lifecycle = Lifecycle()\n"
+               "lifecycle.start_training(stops_on_signal=True, grace=0.5)\n"
+               "preemption.install(lifecycle.signal_received, 'rank 3 (worker 2)')\n"
+               "os.kill(os.getpid(), signal.SIGTERM)\n"
+               "os.kill(os.getpid(), signal.SIGINT)\n"
+               "print('noted', lifecycle.signal, lifecycle.later_signals, flush=True)\n"
+               "time.sleep(0.6)\n"
+               "os.kill(os.getpid(), signal.SIGINT)\n"
+               "time.sleep(5)\n"
+               "print('not reached', flush=True)\n")
+    result = run([sys.executable, "-c", program], timeout=60)
+    assert result.returncode == -signal.SIGINT, result.stdout
+    assert f"noted {int(signal.SIGTERM)} 1" in result.stdout and "not reached" not in result.stdout, result.stdout
+    assert ("hvd_dcasgd: rank 3 (worker 2) ends at once on SIGINT, which came HVD_DCASGD_STOP_GRACE seconds or more "
+            "after the first stop signal") in result.stdout, result.stdout

@@ -56,14 +56,122 @@ def test_sigterm_stops_saves_and_the_same_command_resumes_exactly(tmp_path, tran
     check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))))
 
 
+def resume_exactly(tmp_path, env, args=TRAINING, steps=None):
+    """Run the same command again: it resumes from the one checkpoint, and
+    the whole trace (both jobs) replays bit for bit to the final weights."""
+    stopped = len(trace(tmp_path / "trace"))
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [f"checkpoint-{stopped:09d}.pt"]
+    status, log = run_job(tmp_path, *args, env=env, log="log2")
+    assert status == 0, log
+    assert f"resuming from update {stopped}" in log, log
+    records = trace(tmp_path / "trace")
+    for m in range(WORKERS):  # every step once, in order, across the restart
+        assert [r["step"] for r in records if r["worker"] == m] == list(range(steps(m) if steps else 40)), m
+    updates = [r["update"] for r in records if "update" in r]
+    assert updates == list(range(len(updates)))
+    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, args))))
+
+
+@pytest.mark.parametrize("signals, gap", [((signal.SIGTERM, signal.SIGUSR1), 0.01),  # scancel, then a forwarded one
+                                          ((signal.SIGINT, signal.SIGINT), 0.0)], ids=["term-usr1-10ms", "int-int"])
+def test_repeated_signals_to_every_rank_stop_the_job_once_and_it_resumes_exactly(tmp_path, signals, gap):
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_TRACE": str(tmp_path / "trace")}
+    job = Job(tmp_path, *TRAINING, env=env)
+    job.wait_for("starts at step 0", WORKERS)
+    time.sleep(0.3)
+    for number in signals:
+        job.signal_ranks(number)
+        time.sleep(gap)
+    status = job.wait()
+    log = job.text()
+    assert status == 75, log
+    assert f"asked by {signals[0].name}" in log and "exit status 75 (preempted)" in log, log
+    resume_exactly(tmp_path, env)
+
+
+def test_sigterm_to_a_worker_waiting_in_shutdown_stops_the_others_and_resumes_exactly(tmp_path):
+    """Worker 0 has taken its steps and waits in ``shutdown()`` for the
+    others: a signal to it alone stops the job, with a checkpoint."""
+    args = ["--uneven", "--steps", 30, "--step-time", 0.05, "--compensation", "adaptive", "--momentum", 0.9]
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_TRACE": str(tmp_path / "trace")}
+    job = Job(tmp_path, *args, env=env)
+    job.wait_for("worker 0 finished its steps")
+    time.sleep(0.2)
+    job.signal_ranks(signal.SIGTERM, ranks=[1])
+    status = job.wait()
+    log = job.text()
+    assert status == 75, log
+    assert "worker 0 done: 30 steps" in log, log  # it was not killed by the signal
+    assert "worker 2 done" not in log, log  # the others stopped after their step
+    resume_exactly(tmp_path, env, args, steps=lambda m: 30 * (m + 1))
+
+
+def test_a_signal_while_the_server_writes_its_stop_checkpoint_leaves_it_whole(tmp_path):
+    """A second SIGTERM to every rank while the server writes its stop
+    checkpoint (160 MB): the write completes, status 75, and it resumes."""
+    folder = tmp_path / "checkpoints"
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(folder)}
+    args = ["--steps", 400, "--step-time", 0.02, "--big", 40_000_000]
+    job = Job(tmp_path, *args, env=env, timeout=180)
+    job.wait_for("starts at step 0", WORKERS)
+    job.signal_ranks(signal.SIGTERM)
+    job.wait_for(lambda: list(folder.glob(".checkpoint-*.tmp")))
+    job.signal_ranks(signal.SIGTERM)  # during the write
+    status = job.wait()
+    log = job.text()
+    assert status == 75, log
+    kept = list(folder.glob("checkpoint-*.pt"))
+    assert len(kept) == 1 and not list(folder.glob(".checkpoint-*.tmp")), log
+    assert torch.load(kept[0], weights_only=True)["format"] == 2
+    status, log = run_job(tmp_path, *args, env=env, timeout=180, log="resumed")
+    assert status == 0, log
+    assert f"resuming from update {int(kept[0].name[11:20])}" in log, log
+
+
+def test_a_slow_checkpoint_write_is_not_silence_to_the_waiting_workers(tmp_path):
+    """Periodic 400 MB checkpoints, each longer to write than the stall
+    timeout: the workers waiting for an answer meanwhile do not end the job
+    (the server marks its heartbeat while it writes)."""
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.5",
+           "HVD_DCASGD_STALL_TIMEOUT": "1"}
+    status, log = run_job(tmp_path, "--steps", 60, "--step-time", 0.02, "--big", 100_000_000, env=env, timeout=240)
+    assert status == 0, log
+    assert "has not answered" not in log and "dropped" not in log, log
+    assert len(list((tmp_path / "checkpoints").glob("checkpoint-*.pt"))) == 2, log  # a periodic one, the final one
+
+
+def test_a_suspended_job_resumes_training_without_drops(tmp_path):
+    """SIGSTOP to every rank for twice the stall timeout, then SIGCONT (what
+    ``scontrol suspend`` and ``resume`` do): no rank counts the time it was
+    frozen as silence of the others."""
+    env = {"HVD_DCASGD_STALL_TIMEOUT": "3", "HVD_DCASGD_TRACE": str(tmp_path / "trace")}
+    job = Job(tmp_path, *TRAINING, env=env)
+    job.wait_for("starts at step 0", WORKERS)
+    time.sleep(0.3)
+    job.signal_ranks(signal.SIGSTOP)
+    time.sleep(6)
+    job.signal_ranks(signal.SIGCONT)
+    status = job.wait()
+    log = job.text()
+    assert status == 0, log
+    assert "dropped" not in log and "has not answered" not in log, log
+    assert all(f"worker {m} done: 40 steps" in log for m in range(WORKERS)), log
+    records = trace(tmp_path / "trace")
+    check_history(records, 40)
+    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))))
+
+
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_launcher_stops_the_job_with_a_checkpoint(tmp_path, number):
-    """SIGTERM or Ctrl-C to hvd-dcasgd-run reaches the ranks at once (as
-    SIGUSR1), not after Open MPI's kill delay; mpirun's status is passed on."""
+    """SIGTERM or Ctrl-C to hvd-dcasgd-run, twice, reaches the ranks at once
+    (as SIGUSR1), not after Open MPI's kill delay, and stops the job once;
+    mpirun's status is passed on."""
     env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
     job = Job(tmp_path, *TRAINING, env=env, launcher=True)
     job.wait_for("starts at step 0", WORKERS)
     os.kill(job.proc.pid, number)
+    time.sleep(0.01)
+    os.kill(job.proc.pid, number)  # a second one: counted, the job still stops once with its checkpoint
     signalled = time.monotonic()
     status = job.wait()
     log = job.text()

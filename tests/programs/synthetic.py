@@ -197,6 +197,7 @@ def main():
         if scheduler is not None:
             scheduler.step()
         model.batches += 1
+    print(f"worker {hvd.rank()} finished its steps", flush=True)
     hvd.shutdown()
     if args.after_shutdown:
         try:

@@ -84,7 +84,8 @@ def test_set_device_of_local_rank_selects_the_pinned_gpu(workers, servers):
     result = hvd_dcasgd_run("-n", workers, "--servers", servers, "--gpus", ",".join(gpus),
                             ROOT / "tests" / "programs" / "pinning.py")
     assert result.returncode == 0, result.stdout
-    ranks = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    # each rank prints one JSON object; mpirun may join two ranks' output on one line
+    ranks = [json.loads(found) for found in re.findall(r"\{[^{}]*\}", result.stdout)]
     assert sorted(r["world_rank"] for r in ranks) == list(range(workers + servers)), result.stdout
     for r in ranks:
         visible = r["visible"].split(",")

@@ -85,7 +85,7 @@ def test_the_server_syncs_after_a_flag_before_an_inbox_and_before_publishing():
     read_inbox = server._wire_gradient
     server._wire_gradient = lambda m: (log.append(f"inbox read[{m}]"), read_inbox(m))[1]
     fill_outbox = server._fill_outbox
-    server._fill_outbox = lambda m: (fill_outbox(m), log.append(f"outbox written[{m}]"))
+    server._fill_outbox = lambda m, **kw: (fill_outbox(m, **kw), log.append(f"outbox written[{m}]"))
     log.clear()
 
     serve(server)

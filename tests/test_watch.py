@@ -183,7 +183,8 @@ def test_compensation_ratio_is_the_formulas_on_copies(numel):
     k = max(1, numel // SAMPLE)
     g, gap = server.messages[1].gradient[::k], (server.weights - server.backups[1])[::k]
     expected = (0.5 * g * g * gap).abs().mean() / g.abs().mean()
-    assert _compensation_ratio(server, 1, {}) == pytest.approx(expected.item(), rel=1e-5)
+    # float32 means of up to 65,536 terms, summed in another order than here
+    assert _compensation_ratio(server, 1, {}) == pytest.approx(expected.item(), rel=1e-4)
 
     server = server_of("adaptive")
     before = [server.weights.clone(), server.backups[1].clone(),

@@ -33,7 +33,7 @@ from .config import resolve
 from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from .pipelined import PipelinedUpdate, pipelined
-from .staging import Staging
+from .staging import Staging, choose_staging
 from .telemetry import Telemetry
 from .tensors import all_finite, snapshot
 from .update import ServerUpdate
@@ -105,8 +105,17 @@ class ParameterServer:
                                    staged=self.staging is not None, path=update_path)
         chunked, self.pipelined_why = pipelined(self.update, self.staging)
         self.pipelined = PipelinedUpdate(self.update, self.staging) if chunked else None
+        self._note_update_path()
         self.extras = extras or {}
         self.checked_by_workers = list(checked_by_workers or [False] * num_workers)
+
+    def _note_update_path(self) -> None:
+        """Tell the telemetry which update path runs, how messages reach the
+        model and whether the update is pipelined with its copies, and why
+        (the summary says so)."""
+        staging = (self.staging.path, self.staging.why) if self.staging else choose_staging(self.weights.device)
+        pipelined = ("pipelined: " if self.pipelined else "not pipelined: ") + self.pipelined_why
+        self.telemetry.note_update_path(self.update.path, self.update.why, *staging, pipelined)
 
     # --- one update -----------------------------------------------------
     def _wire_gradient(self, worker: int) -> torch.Tensor:
@@ -265,6 +274,7 @@ class ParameterServer:
         changes nothing."""
         self._check_state(state)
         self.update.load_optimizer_state(state["optimizer"])  # checks its own groups first
+        self._note_update_path()  # the path is chosen again with the optimizer's state
         with torch.no_grad():
             self.weights.copy_(state["weights"])
             for name, value in state["extras"].items():
@@ -318,6 +328,9 @@ class ParameterServer:
 
     def free(self) -> None:
         """Free the windows (collective over the communicator they were
-        opened on) and close the trace."""
+        opened on) and close the trace; staged window memory is unregistered
+        with CUDA first."""
+        if self.staging is not None:
+            self.staging.close()
         self.channel.free()
         self.telemetry.close()

@@ -164,18 +164,16 @@ def choose_staging(device: torch.device, cuda_aware: Optional[Tuple[bool, str]] 
     return "pinned", f"{how}: staged through page-locked host memory"
 
 
-_registered: Dict[int, int] = {}  # data_ptr -> bytes of host memory this process registered with CUDA
-
-
-def page_lock(host: torch.Tensor) -> bool:
+def page_lock(host: torch.Tensor, registered: Dict[int, int]) -> bool:
     """Register the whole storage under ``host`` (window memory) with CUDA
-    once, so copies to and from it are DMA; False where that fails (the
-    caller then uses page-locked bounce buffers)."""
+    once, so copies to and from it are DMA, noting it in ``registered``
+    (start address -> bytes) for :func:`page_unlock`; False where that
+    fails (the caller then uses page-locked bounce buffers)."""
     if host.is_pinned():
         return True
     storage = host.untyped_storage()
     start, size = storage.data_ptr(), storage.nbytes()
-    if _registered.get(start) == size:
+    if registered.get(start) == size:
         return True
     try:
         from torch.cuda._pin_memory_utils import pin_memory
@@ -183,8 +181,18 @@ def page_lock(host: torch.Tensor) -> bool:
         pin_memory(start, size)
     except (ImportError, RuntimeError):
         return False
-    _registered[start] = size
+    registered[start] = size
     return True
+
+
+def page_unlock(registered: Dict[int, int]) -> None:
+    """Unregister what :func:`page_lock` registered (before MPI frees the
+    window memory under it), and forget it."""
+    from torch.cuda._pin_memory_utils import unpin_memory
+
+    while registered:
+        start, _ = registered.popitem()
+        unpin_memory(start)
 
 
 class Staging:
@@ -198,13 +206,14 @@ class Staging:
         self.upload_dtype, self.download_dtype = upload_dtype, download_dtype
         self.numel = numel
         self._bounce: Dict[str, torch.Tensor] = {}  # page-locked buffers, where the window cannot be registered
+        self._registered: Dict[int, int] = {}  # window memory this staging registered with CUDA
         self.path, self.why = choose_staging(device)
 
     def _host_side(self, host: torch.Tensor, name: str) -> Tuple[torch.Tensor, bool]:
         """The host tensor the device copies from or to: ``host`` itself
         when it is (or could be made) page-locked, else a page-locked bounce
         buffer (whether one is used)."""
-        if not self.cuda or page_lock(host):
+        if not self.cuda or page_lock(host, self._registered):
             return host, False
         if name not in self._bounce:
             self._bounce[name] = torch.empty(self.numel, dtype=host.dtype, pin_memory=True)
@@ -226,21 +235,32 @@ class Staging:
         ``device_out`` to ``host_out``, pipelined (:func:`pipeline`);
         complete on return.  Any of the three may be left out."""
         parts = self.parts
-        copy_in = copy_out = None
+        copy_in: Optional[Callable[[int], None]] = None
+        copy_out: Optional[Callable[[int], None]] = None
         if host_in is not None:
             source, bounced = self._host_side(host_in, "in")
 
-            def copy_in(k: int) -> None:
+            def copy_chunk_in(k: int) -> None:
                 if bounced:
                     source[parts[k]].copy_(host_in[parts[k]])
                 device_in[parts[k]].copy_(source[parts[k]], non_blocking=self.cuda)
+            copy_in = copy_chunk_in
         if host_out is not None:
             target, bounced_out = self._host_side(host_out, "out")
 
-            def copy_out(k: int) -> None:
+            def copy_chunk_out(k: int) -> None:
                 target[parts[k]].copy_(device_out[parts[k]], non_blocking=self.cuda)
+            copy_out = copy_chunk_out
         pipeline(len(parts), copy_in, update or (lambda k: None), copy_out, self.lanes, chunked_update)
         if host_out is not None and bounced_out:
             host_out.copy_(target)
         if self.cuda and update is None and host_out is None:  # an upload: later work sees it
             torch.cuda.current_stream(device_in.device).wait_stream(self.lanes.streams[UPDATE])
+
+    def close(self) -> None:
+        """Wait for every copy, then unregister the window memory this
+        staging registered with CUDA (the windows are freed after it)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.lanes.device)
+            page_unlock(self._registered)
+        self._bounce.clear()

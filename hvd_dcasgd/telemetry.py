@@ -49,6 +49,7 @@ class Telemetry:
         self.checkpoint_at: Optional[float] = None  # when it was written
         self.bytes_in_per_push, self.bytes_out_per_answer = 0, 0
         self.transport: Dict[str, Any] = {}  # how the pushes travel and which hosts hold the ranks
+        self.update_path: Dict[str, str] = {}  # which update ran, how messages reach the model, and why
         if trace_path and resume_from is not None and shard is None and os.path.exists(trace_path):
             cut_trace(trace_path, {None: resume_from})  # several servers: the first cut everyone's
         mode = "a" if resume_from is not None or shard is not None else "w"
@@ -87,6 +88,13 @@ class Telemetry:
         server and each worker's."""
         self.transport = {**transport, "server_hosts": [server_host], "worker_hosts": list(worker_hosts)}
 
+    def note_update_path(self, path: str, why: str, staging: str, staging_why: str, pipelined: str) -> None:
+        """The update's path and why; how messages reach the server's model
+        (``none``: window memory; ``pinned``: page-locked staging) and why;
+        whether the staged update is pipelined with its copies, and why."""
+        self.update_path = {"path": path, "why": why, "staging": staging, "staging_why": staging_why,
+                            "pipelined": pipelined}
+
     def note_sent(self, worker: int, update: int) -> None:
         """Note that ``worker`` was sent the weights of ``update`` outside a push
         (a consistent snapshot of its checkpoint): ``{"worker": m, "sent": i}``."""
@@ -123,6 +131,7 @@ class Telemetry:
             "bytes_in_per_push": self.bytes_in_per_push,
             "bytes_out_per_answer": self.bytes_out_per_answer,
             "transport": dict(self.transport),
+            "update_path": dict(self.update_path),
         }
 
     def summary(self) -> str:
@@ -142,7 +151,16 @@ class Telemetry:
             f"{name}: pushes per worker {d['pushes']}; throughput {rates}"
             + (f"\n{name}: refused pushes per worker {d['refused']}" if any(d["refused"]) else "")
             + (f"\n{name}: {Telemetry.describe_transport(d['transport'])}" if d.get("transport") else "")
+            + (f"\n{name}: {Telemetry.describe_update_path(d['update_path'])}" if d.get("update_path") else "")
         )
+
+    @staticmethod
+    def describe_update_path(u: Dict[str, str]) -> str:
+        """One line: the update's path, and for a staged model the staging and pipelining, with why."""
+        line = f"update path {u['path']} ({u['why']})"
+        if u["staging"] != "none":
+            line += f"; staging {u['staging']} ({u['staging_why']}); {u['pipelined']}"
+        return line
 
     @staticmethod
     def describe_transport(t: Dict[str, Any]) -> str:
@@ -187,6 +205,7 @@ class Telemetry:
             "transport": {**shards[0]["transport"],
                           "server_hosts": [h for d in shards for h in d["transport"].get("server_hosts", [])]}
             if shards[0].get("transport") else {},
+            "update_path": dict(shards[0].get("update_path", {})),
             "shards": list(shards),
         }
 

@@ -124,3 +124,19 @@ def test_adam_on_a_staged_server_is_not_pipelined_and_says_why():
                                   torch.float32,
                                   pushes=1)
     assert staged.pipelined is None and staged.pipelined_why.startswith("Adam is not torch.optim.SGD")
+
+
+def test_the_summary_names_the_update_path_and_for_a_staged_model_its_staging_and_why():
+    from hvd_dcasgd.telemetry import Telemetry
+
+    window, *_ = _servers_weights(False, "adaptive", lambda m: torch.optim.SGD([{"params": m[0].parameters()}, {"params": m[1].parameters()}], lr=0.1), torch.float32,
+                                  pushes=1)
+    said = window.telemetry.summary().splitlines()[-1]
+    assert said == f"{window.telemetry.name}: update path fused_sgd ({window.update.why})", said
+    adam, *_ = _servers_weights(True, "adaptive", lambda m: torch.optim.Adam([{"params": m[0].parameters()}, {"params": m[1].parameters()}]),
+                               torch.float32, pushes=1)
+    recorded = adam.telemetry.summary_dict()["update_path"]
+    assert recorded == {"path": adam.update.path, "why": adam.update.why, "staging": adam.staging.path,
+                        "staging_why": adam.staging.why, "pipelined": "not pipelined: " + adam.pipelined_why}
+    line = Telemetry.describe_update_path({**recorded, "staging": "pinned", "staging_why": "no CUDA-aware MPI"})
+    assert line.endswith("; staging pinned (no CUDA-aware MPI); not pipelined: " + adam.pipelined_why), line

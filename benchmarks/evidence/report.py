@@ -452,24 +452,34 @@ class Report:
 
     def headline(self) -> List[str]:
         """Two sentences for the README: what to pick at each M (lowest mean test error among the runs that
-        trained, and whether the next is outside the noise), the compensation's own verdicts, and the time study."""
+        trained, of the methods that trained in all but at most one seed, and whether the next is outside the
+        noise; a method with a lower mean that failed to train more often is named with its count), the
+        compensation's own verdicts, and the time study."""
         setting = self.main_setting()
         picks = []
         for workers in setting.workers:
-            means = {}
+            means, failed = {}, {}
             for row in rows_of(setting):
-                errors = [100 * r["final_error"] for r in self.cell(setting, workers, row).values() if trained(r)]
-                if len(errors) >= claims.MIN_TRAINED:
+                cell = self.cell(setting, workers, row)
+                errors = [100 * r["final_error"] for r in cell.values() if trained(r)]
+                failed[row] = (len(cell) - len(errors), len(cell))
+                if errors:
                     means[row] = sum(errors) / len(errors)
-            if len(means) >= 2:
-                best, runner = sorted(means, key=means.get)[:2]
+            reliable = [row for row in means if failed[row][0] < claims.MANY_FAILED
+                        and failed[row][1] - failed[row][0] >= claims.MIN_TRAINED]
+            if len(reliable) >= 2:
+                best, runner = sorted(reliable, key=means.get)[:2]
                 a, b = self.cell(setting, workers, runner), self.cell(setting, workers, best)
                 both = [s for s in set(a) & set(b) if trained(a[s]) and trained(b[s])]
                 apart = len(both) >= 2 and paired_difference([100 * a[s]["final_error"] for s in both],
                                                              [100 * b[s]["final_error"] for s in both]).t_interval[0] > 0
+                lower = [row for row in means if means[row] < means[best] and row not in reliable
+                         and not row.endswith("@asgd")]
                 picks.append(f"M={workers} {LABELS[best]} ({means[best]:.1f}%"
-                             + (f", ahead of {LABELS[runner]} outside the noise)" if apart else
-                                f", within the noise of {LABELS[runner]})"))
+                             + (f", ahead of {LABELS[runner]} outside the noise" if apart else
+                                f", within the noise of {LABELS[runner]}")
+                             + "".join(f"; {LABELS[row]} {means[row]:.1f}% where it trained, but {failed[row][0]} of "
+                                       f"{failed[row][1]} did not train" for row in lower) + ")")
         own = []
         for e in self.accuracy:
             if e["claim"].number == 1:
@@ -477,7 +487,8 @@ class Report:
                 own.append(f"M={e['M']} " + ("untestable" if d is None else claims.accuracy_verdict(
                     e["size"], d.t_interval, d.bca_interval, e["holm"])))
         scale = "" if self.scale_name == "standard" else f" ({self.scale_name} scale: not results)"
-        first = (f"With every method tuned on its own{scale}, the lowest test error: "
+        first = (f"With every method tuned on its own{scale}, the lowest test error of the methods that trained in "
+                 f"all but at most one seed: "
                  f"{'; '.join(picks) or 'too few runs that trained to say'}; delay compensation at ASGD's own rate "
                  f"against ASGD: {', '.join(own) or 'not run yet'}.")
         slow = [e for e in self.timed if e["straggler"] == 3.0]

@@ -36,11 +36,13 @@ class Description:
     wire: str
     host: str
     check_finite: bool
+    lr_scaling: str
 
     @classmethod
     def of(cls, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype, host: str,
-           check_finite: bool) -> "Description":
-        return cls(layout, asdict(compensation), str(wire_dtype).replace("torch.", ""), host, check_finite)
+           check_finite: bool, lr_scaling: str) -> "Description":
+        return cls(layout, asdict(compensation), str(wire_dtype).replace("torch.", ""), host, check_finite,
+                   lr_scaling)
 
 
 @dataclass(frozen=True)

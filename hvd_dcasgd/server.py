@@ -36,7 +36,7 @@ from .pipelined import PipelinedUpdate, pipelined
 from .staging import Staging
 from .telemetry import Telemetry
 from .tensors import all_finite, snapshot
-from .update import ServerUpdate
+from .update import ServerUpdate, lr_factor
 
 #: The version of :meth:`ParameterServer.state_dict`'s format.
 STATE_FORMAT = 2
@@ -58,6 +58,7 @@ class ParameterServer:
         extras: Optional[Dict[str, torch.Tensor]] = None,
         update_path: Optional[str] = None,
         checked_by_workers: Optional[Sequence[bool]] = None,
+        lr_factor: float = 1.0,
     ):
         """``channel`` (and the windows it owns) becomes the server's.
         ``extras`` is the rest of the model's state by name (buffers, frozen
@@ -69,7 +70,9 @@ class ParameterServer:
         ``checked_by_workers[m]`` says that worker m refuses non-finite
         gradients itself before sending (``check_finite``, the default): the
         server then spares the extra pass over its gradients; it checks
-        every learning rate, and every other worker's gradients."""
+        every learning rate, and every other worker's gradients.
+        ``lr_factor`` multiplies every pushed learning rate (see
+        :func:`.update.lr_factor`; 1: the rate as given)."""
         self.optimizer = optimizer
         self.layout = layout
         self.compensation = compensation
@@ -102,7 +105,7 @@ class ParameterServer:
             self.backups[m].copy_(self.weights)
             self._fill_outbox(m)
         self.update = ServerUpdate(optimizer, layout, compensation, self.weights, self.grad, num_workers,
-                                   staged=self.staging is not None, path=update_path)
+                                   staged=self.staging is not None, path=update_path, lr_factor=lr_factor)
         chunked, self.pipelined_why = pipelined(self.update, self.staging)
         self.pipelined = PipelinedUpdate(self.update, self.staging) if chunked else None
         self.extras = extras or {}
@@ -231,6 +234,7 @@ class ParameterServer:
         """What the server was started with, as plain values."""
         return {
             "compensation": asdict(self.compensation),
+            "lr_factor": self.update.lr_factor,
             "num_workers": self.channel.num_workers,
             "parameters": [[p.name, list(p.shape), p.dtype] for p in self.layout.params],
             "group_sizes": list(self.layout.group_sizes),
@@ -283,7 +287,7 @@ class ParameterServer:
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise HvdDcasgdValueError(f"hvd_dcasgd: not a server state of format {STATE_FORMAT} (found {found!r})")
-        mine, theirs = self.settings(), state["settings"]
+        mine, theirs = self.settings(), _settings_read(state["settings"])
         if theirs.get("num_workers") != mine["num_workers"]:
             raise HvdDcasgdValueError(f"hvd_dcasgd: the state was saved by a job with {theirs.get('num_workers')} "
                                       f"workers and this one has {mine['num_workers']}; resume with the same number "
@@ -321,3 +325,15 @@ class ParameterServer:
         opened on) and close the trace."""
         self.channel.free()
         self.telemetry.close()
+
+
+def _settings_read(settings: Dict[str, Any]) -> Dict[str, Any]:
+    """``settings`` of a saved state as :meth:`ParameterServer.settings`
+    writes them now.  Earlier files kept the learning rate's meaning in the
+    compensation's settings (``lr_scaling``) instead of the factor it gives."""
+    if "lr_factor" in settings or not isinstance(settings.get("compensation"), dict):
+        return settings
+    compensation = dict(settings["compensation"])
+    scaling = compensation.pop("lr_scaling", "none")
+    factor = lr_factor(scaling, compensation.get("schedule", "async"), int(settings.get("num_workers") or 1))
+    return {**settings, "compensation": compensation, "lr_factor": factor}

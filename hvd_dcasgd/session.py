@@ -46,6 +46,7 @@ from .shards import Piece, shard_layout, shard_tensors
 from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .tags import SURVIVORS
 from .tensors import broadcast_, snapshot, to_cpu
+from .update import lr_factor
 from .worker import Worker
 
 
@@ -68,6 +69,11 @@ def _disagreements(server: Description, workers: List[Description]) -> List[str]
                 f"hvd_dcasgd: worker {m}'s compensation settings {theirs} differ from the server's {mine}; "
                 f"every rank must use the same (check HVD_DCASGD_LAMBDA)."
             )
+        elif worker.lr_scaling != server.lr_scaling:
+            problems.append(
+                f"hvd_dcasgd: the server applies lr_scaling {server.lr_scaling!r} but worker {m} asks for "
+                f"{worker.lr_scaling!r}; every rank must use the same (check HVD_DCASGD_LR_SCALING)."
+            )
         if worker.wire != server.wire:
             problems.append(
                 f"hvd_dcasgd: worker {m} compresses gradients to {worker.wire}, the server expects "
@@ -80,11 +86,11 @@ def _disagreements(server: Description, workers: List[Description]) -> List[str]
 
 
 def agree(rt: Runtime, comm: Any, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype,
-          check_finite: bool = False) -> List[Tuple[str, Description]]:
+          check_finite: bool = False, *, lr_scaling: str) -> List[Tuple[str, Description]]:
     """Raise the same clear error on every rank of ``comm`` (a server's
     session) unless all its ranks agree.  Returns (on the server) each
     worker's name for messages (index, MPI rank, host) and description."""
-    mine = Description.of(layout, compensation, wire_dtype, rt.mpi.Get_processor_name(), check_finite)
+    mine = Description.of(layout, compensation, wire_dtype, rt.mpi.Get_processor_name(), check_finite, lr_scaling)
     gathered = comm.gather(mine, root=0)
     problems = _disagreements(gathered[0], gathered[1:]) if rt.role == SERVER else None
     problems = comm.bcast(problems, root=0)
@@ -422,8 +428,10 @@ class _ServerOpening:
     def __init__(self, rt: Runtime, coordination: Coordination, optimizer: torch.optim.Optimizer,
                  layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype, device: torch.device,
                  extras: Dict[str, torch.Tensor], workers: List[Tuple[str, Description]],
-                 trace_path: Optional[str], checkpoint_dir: Optional[str], slice_: Tuple[int, int]):
+                 trace_path: Optional[str], checkpoint_dir: Optional[str], slice_: Tuple[int, int],
+                 lr_scaling: str):
         self.rt, self.coordination = rt, coordination
+        self.lr_factor = lr_factor(lr_scaling, compensation.schedule, rt.num_workers)
         self.optimizer, self.layout, self.compensation = optimizer, layout, compensation
         self.wire_dtype, self.device, self.extras, self.workers = wire_dtype, device, extras, workers
         self.trace_path, self.checkpoint_dir, self.slice = trace_path, checkpoint_dir, slice_
@@ -444,7 +452,8 @@ class _ServerOpening:
         self.server = open_server(comm, self.optimizer, self.layout, self.compensation,
                                   num_workers=self.rt.num_workers, wire_dtype=self.wire_dtype, device=self.device,
                                   telemetry=telemetry, extras=self.extras,
-                                  checked_by_workers=[d.check_finite for _, d in self.workers])
+                                  checked_by_workers=[d.check_finite for _, d in self.workers],
+                                  lr_factor=self.lr_factor)
 
     def resume(self) -> Resumed:
         """Load the checkpoint found into the server; what the workers need to know."""
@@ -477,21 +486,24 @@ def run_server(
     trace_path: Optional[str],
     checkpoint_dir: Optional[str] = None,
     slices: Optional[List[Tuple[int, int]]] = None,
+    *,
+    lr_scaling: str,
 ) -> None:
     """This server's whole lifecycle: start, serve the workers until they
     all leave, end, and exit: status 0, or 75 when the job was asked to
     stop.  With several servers this one serves ``slices[rt.shard]`` of the
-    flat parameter vector."""
+    flat parameter vector.  ``lr_scaling`` says what a worker's learning
+    rate means (:data:`.update.LR_SCALINGS`)."""
     slices = slices or [(0, layout.numel)]
     comm = rt.shard_comms[rt.shard]
-    workers = agree(rt, comm, layout, compensation, wire_dtype)
+    workers = agree(rt, comm, layout, compensation, wire_dtype, lr_scaling=lr_scaling)
     extras = _extras(model, optimizer)
     params = trained_parameters(optimizer)
     coordination = coordination_for(rt.mpi, rt.servers_comm, rt.servers, None)
     served_layout, served_optimizer = coordination.served(layout, optimizer, [*params, *extras.values()],
                                                           slices[rt.shard])
     opening = _ServerOpening(rt, coordination, served_optimizer, served_layout, compensation, wire_dtype, device,
-                             extras, workers, trace_path, checkpoint_dir, slices[rt.shard])
+                             extras, workers, trace_path, checkpoint_dir, slices[rt.shard], lr_scaling)
     start([comm], opening)
     session = ServerSession(rt, comm, opening.server, [name for name, _ in workers], coordination, params)
     rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
@@ -539,6 +551,8 @@ def start_worker(
     model: Optional[torch.nn.Module],
     check_finite: bool,
     slices: Optional[List[Tuple[int, int]]] = None,
+    *,
+    lr_scaling: str,
 ) -> WorkerSession:
     """Join every server's session and load the servers' weights and
     buffers; in a resumed job, this worker's own backup (the weights it last
@@ -546,7 +560,7 @@ def start_worker(
     slices = slices or [(0, layout.numel)]
     comms = rt.shard_comms
     for comm in comms:
-        agree(rt, comm, layout, compensation, wire_dtype, check_finite)
+        agree(rt, comm, layout, compensation, wire_dtype, check_finite, lr_scaling=lr_scaling)
     extras = _extras(model, optimizer)
     served = [shard_layout(layout, start, end) for start, end in slices]
     servers = slices_for(rt.servers, layout, [pieces for _, pieces in served])

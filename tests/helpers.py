@@ -220,7 +220,7 @@ def push_gradient(server, worker, seed, lrs):
 ORDER = [0, 1, 2, 1, 0, 0, 2, 1, 2, 0]
 
 
-def fresh_server(optimizer_name, comp, seed=0, wire=torch.float32):
+def fresh_server(optimizer_name, comp, seed=0, wire=torch.float32, **options):
     torch.manual_seed(seed)
     model = Net()
     if seed:  # a server that starts elsewhere, so a load has something to overwrite
@@ -229,7 +229,7 @@ def fresh_server(optimizer_name, comp, seed=0, wire=torch.float32):
                 p.add_(torch.randn_like(p))
     optimizer = OPTIMIZERS[optimizer_name](model)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
-    return open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire)
+    return open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire, **options)
 
 
 def apply_pushes(server, pushes):

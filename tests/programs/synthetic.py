@@ -85,8 +85,9 @@ def parse_args(argv=None):
     parser.add_argument("--after-shutdown", action="store_true", help="try to step after shutdown")
     parser.add_argument("--out", default=None, help="folder for final weights and a start report")
     parser.add_argument("--bad", default=None, choices=["shape", "name", "dtype", "mode", "lambda", "compression",
-                                                        "groups", "schedule", "nan", "nan-skip", "fp16-overflow",
-                                                        "nan-lr", "negative-lr", "nan-unchecked", "stall", "hang",
+                                                        "groups", "schedule", "lr_scaling", "nan", "nan-skip",
+                                                        "fp16-overflow", "nan-lr", "negative-lr", "nan-unchecked",
+                                                        "stall", "hang",
                                                         "exit-early", "exit-early-status", "raise-early",
                                                         "thread", "atexit-raise", "server-raise", "diverge"])
     parser.add_argument("--snapshot-at", type=int, default=None, help="worker 0 saves model and optimizer then")
@@ -137,7 +138,7 @@ def main():
         compensation="constant" if args.bad == "mode" and world_rank == 1 else args.compensation,
         lambda_0=0.5 if args.bad == "lambda" and odd else None,
         schedule="sync" if args.bad == "schedule" and odd else None,
-        lr_scaling=args.lr_scaling,
+        lr_scaling="horovod" if args.bad == "lr_scaling" and odd else args.lr_scaling,
         model=None if args.no_model else model,
         check_finite=args.bad != "nan-unchecked",
     )

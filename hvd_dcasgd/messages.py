@@ -63,10 +63,10 @@ class SetState:
 
     kind: ClassVar[str] = "set_state"
     params: Dict[int, torch.Tensor] = field(default_factory=dict)
-    extras: Dict[str, torch.Tensor] = field(default_factory=dict)
+    untrained_state: Dict[str, torch.Tensor] = field(default_factory=dict)
 
     def run(self, server: ParameterServer) -> None:
-        server.set_state(self.params, self.extras)
+        server.set_state(self.params, self.untrained_state)
 
 
 @dataclass(frozen=True)

@@ -340,7 +340,7 @@ def DistributedOptimizer(
 
 def _slices(rt: Runtime, optimizer: torch.optim.Optimizer, layout: ModelLayout) -> list:
     """Each server's slice of the flat parameter vector, the same on every
-    rank (cut inside a parameter only for an element-wise optimizer); what
+    rank (split inside a parameter only for an element-wise optimizer); what
     several servers cannot do yet is refused on every rank alike."""
     if rt.role == LOCAL or rt.servers == 1:
         return [(0, layout.numel)]

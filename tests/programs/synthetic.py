@@ -90,7 +90,7 @@ def parse_args(argv=None):
                                                         "stall", "hang",
                                                         "exit-early", "exit-early-status", "raise-early",
                                                         "thread", "atexit-raise", "server-raise", "diverge"])
-    parser.add_argument("--snapshot-at", type=int, default=None, help="worker 0 saves model and optimizer then")
+    parser.add_argument("--save-at", type=int, default=None, help="worker 0 saves model and optimizer then")
     parser.add_argument("--restarted-steps", type=int, default=None,
                         help="once SLURM has restarted the job (SLURM_RESTART_COUNT), this many steps more")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a slow model)")
@@ -192,9 +192,9 @@ def main():
             if args.bad not in ("nan-skip", "diverge"):  # diverged weights: every later gradient is NaN
                 raise
             skipped += 1
-        if args.snapshot_at == k and hvd.rank() == 0:  # a checkpoint saved by the script, Horovod's way
+        if args.save_at == k and hvd.rank() == 0:  # a checkpoint saved by the script, Horovod's way
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-            torch.save(state, os.path.join(args.out, "snapshot.pt"))
+            torch.save(state, os.path.join(args.out, "saved.pt"))
         if scheduler is not None:
             scheduler.step()
         model.batches += 1

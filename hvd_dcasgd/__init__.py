@@ -38,8 +38,9 @@ _EXPORTS: Dict[str, str] = {
                      "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built", "start_timeline",
                      "stop_timeline"], "basics"),
     "SyncBatchNorm": "sync_batch_norm",
-    **dict.fromkeys(["COMPENSATIONS", "LR_SCALINGS", "MODES", "SCHEDULES", "Compensation", "CompensationRule",
-                     "dcasgd_", "register_compensation"], "compensation"),
+    **dict.fromkeys(["COMPENSATIONS", "MODES", "SCHEDULES", "Compensation", "CompensationRule", "dcasgd_",
+                     "register_compensation"], "compensation"),
+    "LR_SCALINGS": "update",
     "Compression": "compression",
     **dict.fromkeys(["HvdDcasgdError", "HvdDcasgdValueError", "HvdDcasgdWarning"], "errors"),
     **dict.fromkeys(["BACKENDS", "METHODS", "DistributedOptimizer"], "optimizer"),
@@ -62,7 +63,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time __getattr__ be
                          ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
                          mpi_threads_supported, nccl_built, rocm_built, start_timeline, stop_timeline)
     from .collectives import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters, join
-    from .compensation import (COMPENSATIONS, LR_SCALINGS, MODES, SCHEDULES, Compensation, CompensationRule, dcasgd_,
+    from .compensation import (COMPENSATIONS, MODES, SCHEDULES, Compensation, CompensationRule, dcasgd_,
                                register_compensation)
     from .compression import Compression
     from .errors import HvdDcasgdError, HvdDcasgdValueError, HvdDcasgdWarning
@@ -77,6 +78,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers see; at run time __getattr__ be
     from .runtime import init, is_initialized, is_server, local_rank, local_size, rank, shutdown, size
     from .simulator import simulate
     from .sync_batch_norm import SyncBatchNorm
+    from .update import LR_SCALINGS
 
 # MPI's thread level is fixed when mpi4py.MPI loads: choose it now, before a
 # script's own `from mpi4py import MPI` can (standard library and mpi4py's

@@ -96,12 +96,13 @@ def checksum(state: Dict[str, Any]) -> str:
 
 
 def estimate_bytes(numel: int, dtype: torch.dtype, num_workers: int,
-                   extras: Optional[Dict[str, torch.Tensor]] = None) -> int:
+                   untrained_state: Optional[Dict[str, torch.Tensor]] = None) -> int:
     """The least a checkpoint of a server of ``numel`` parameters takes:
     the weights and one backup per worker, and the model's buffers (the
     optimizer's and the compensation's state come on top)."""
     size = torch.empty((), dtype=dtype).element_size()
-    return (1 + num_workers) * numel * size + sum(t.numel() * t.element_size() for t in (extras or {}).values())
+    untrained = sum(t.numel() * t.element_size() for t in (untrained_state or {}).values())
+    return (1 + num_workers) * numel * size + untrained
 
 
 def _megabytes(n: int) -> str:

@@ -40,7 +40,7 @@ def broadcast_parameters(
         comm.Barrier()  # every worker is here, so no push is in flight while the server changes
         if comm.Get_rank() == root_rank:
             session.restore_on_server(items)
-        session.register_buffers([t for _, t in items])
+        session.register_untrained_state([t for _, t in items])
     broadcast_(comm, [t for _, t in items], root_rank)
 
 

@@ -41,8 +41,7 @@ from . import native
 from .errors import HvdDcasgdValueError
 
 __all__ = [
-    "COMPENSATIONS", "Compensation", "CompensationRule", "CompensationState", "GLOBAL", "KernelCall", "LR_SCALINGS",
-    "MODES",
+    "COMPENSATIONS", "Compensation", "CompensationRule", "CompensationState", "GLOBAL", "KernelCall", "MODES",
     "PER_GROUP", "PER_WORKER", "Push", "SCHEDULES", "compensation_rule", "dcasgd_", "register_compensation",
 ]
 
@@ -55,16 +54,6 @@ GLOBAL, PER_WORKER, PER_GROUP = "global", "per_worker", "per_group"
 #: ASGD and DC-ASGD), or one averaged update per round of one push from every
 #: worker (``sync``: the paper's SSGD baseline).
 SCHEDULES = ("async", "sync")
-
-#: What a worker's learning rate means.  ``horovod``: Horovod's convention,
-#: the rate for the average of ``hvd.size()`` gradients (scripts scale it by
-#: ``hvd.size()``), so on the ``async`` schedule each worker's gradient is
-#: applied at ``lr / size()`` and a round of M updates moves the weights as
-#: far as one Horovod step.  ``none``: the rate as given, for every gradient
-#: (the paper's setting: the same rate as sequential SGD).  The ``sync``
-#: schedule applies the average of M gradients, as Horovod does, so the rate
-#: is applied as given under both.
-LR_SCALINGS = ("horovod", "none")
 
 #: Elements per chunk of the fused implementation: four such float32 chunks
 #: (w, w_bak, g and one temporary) stay inside a core's L2/L3 cache.
@@ -79,7 +68,8 @@ class Push(NamedTuple):
     gradient was computed on, ``w_bak(m)``, were sent to the worker (0: the
     gradient is fresh, as on the ``sync`` schedule, where every worker of a
     round holds the current weights).  ``lrs``: the learning rate of each
-    param group, as the optimizer applies it (after ``lr_scaling``).
+    param group, as the optimizer applies it (times the update's
+    ``lr_factor``, see :data:`hvd_dcasgd.update.LR_SCALINGS`).
     ``group_ranges``: each param group's ``[start, end)`` in the flat
     gradient; with several tensors, in their concatenation (the server passes
     one flat tensor)."""
@@ -341,9 +331,9 @@ class Compensation:
     CIFAR-10 values: 0.04 for ``constant``, 2.0 for ``adaptive``).
     ``per_worker_mean_square`` keeps one MeanSquare per worker (the authors'
     code) instead of the paper's global one.  ``schedule`` is ``async`` or
-    ``sync`` (see :data:`SCHEDULES`).  ``lr_scaling`` says what a worker's
-    learning rate means (see :data:`LR_SCALINGS`; ``DistributedOptimizer``
-    defaults to Horovod's convention).
+    ``sync`` (see :data:`SCHEDULES`).  What a worker's learning rate means
+    is not the compensation's: it is ``DistributedOptimizer``'s
+    ``lr_scaling`` (:data:`hvd_dcasgd.update.LR_SCALINGS`).
     """
 
     mode: str = "adaptive"
@@ -352,7 +342,6 @@ class Compensation:
     eps: float = 1e-7
     per_worker_mean_square: bool = False
     schedule: str = "async"
-    lr_scaling: str = "none"
 
     def __post_init__(self) -> None:
         if self.mode == "sync":
@@ -361,10 +350,6 @@ class Compensation:
         if self.schedule not in SCHEDULES:
             raise HvdDcasgdValueError(
                 f"hvd_dcasgd: unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}"
-            )
-        if self.lr_scaling not in LR_SCALINGS:
-            raise HvdDcasgdValueError(
-                f"hvd_dcasgd: unknown lr_scaling {self.lr_scaling!r}; choose one of {', '.join(LR_SCALINGS)}"
             )
         rule = compensation_rule(self.mode)
         if self.lambda_0 is None:
@@ -377,10 +362,6 @@ class Compensation:
     @property
     def rule(self) -> CompensationRule:
         return COMPENSATIONS[self.mode]
-
-    def lr_factor(self, num_workers: int) -> float:
-        """What each pushed learning rate is multiplied by (see :data:`LR_SCALINGS`)."""
-        return 1.0 / num_workers if self.lr_scaling == "horovod" and self.schedule == "async" else 1.0
 
 
 class CompensationState:

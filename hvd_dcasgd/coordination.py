@@ -41,7 +41,7 @@ from .layout import ModelLayout
 from .server import ParameterServer
 from .shards import Piece, merge_states, shard_layout, shard_optimizer, shard_state
 from .stall import stall_timeout_seconds
-from .telemetry import Telemetry, cut_trace
+from .telemetry import Telemetry, truncate_trace
 from .tensors import broadcast_
 
 __all__ = ["Checkpoint", "Coordination", "OneServer", "OneSlice", "SeveralServers", "SeveralSlices", "Slices",
@@ -249,14 +249,14 @@ class SeveralServers(Coordination):
     def open_trace(self, num_workers: int, path: Optional[str], slice_: Tuple[int, int],
                    resume_from: Optional[int]) -> Telemetry:
         """All servers append to one trace, which the first empties (or,
-        resuming, cuts each server's lines at its checkpoint) before any
+        resuming, truncates each server's lines at its checkpoint) before any
         writes (a barrier among them)."""
         resumed = self.servers.gather(resume_from, root=0)
         if path and self.first:
             if resume_from is None:
                 open(path, "w").close()
             elif os.path.exists(path):
-                cut_trace(path, dict(enumerate(resumed)))
+                truncate_trace(path, dict(enumerate(resumed)))
         self.servers.Barrier()
         start, end = slice_
         return Telemetry(num_workers, path, resume_from=resume_from,
@@ -327,7 +327,7 @@ OneSlice = Slices
 
 
 class SeveralSlices(Slices):
-    """With several servers, each holds a slice: states are cut and put
+    """With several servers, each holds a slice: states are split and put
     together (:mod:`.shards`), and the first worker broadcasts the whole
     model's final weights to every server."""
 

@@ -70,9 +70,10 @@ def open_server(
     device: torch.device = torch.device("cpu"),
     telemetry: Optional[Telemetry] = None,
     staged: Optional[bool] = None,
-    extras: Optional[Dict[str, torch.Tensor]] = None,
+    untrained_state: Optional[Dict[str, torch.Tensor]] = None,
     update_path: Optional[str] = None,
     checked_by_workers: Optional[Sequence[bool]] = None,
+    lr_factor: float = 1.0,
     owner: int = 0,
 ) -> ParameterServer:
     """A :class:`ParameterServer` for ``num_workers`` workers on rank
@@ -84,7 +85,8 @@ def open_server(
     channel = ServerChannel(control, mailboxes, num_workers)
     telemetry = Telemetry(num_workers) if telemetry is None else telemetry
     return ParameterServer(optimizer, layout, compensation, channel, wire_dtype, device, telemetry, staged=staged,
-                           extras=extras, update_path=update_path, checked_by_workers=checked_by_workers)
+                           untrained_state=untrained_state, update_path=update_path,
+                           checked_by_workers=checked_by_workers, lr_factor=lr_factor)
 
 
 def open_worker(

@@ -4,7 +4,7 @@ The content goes to a temporary file in the target's folder, is flushed to
 disk, gets the permissions a plain ``open(path, "w")`` would give (the
 user's umask, not the temporary file's 0600), and then replaces the target in
 one rename, after which the folder itself is flushed (so the rename survives
-a power cut).  A crash leaves the old file or the new one, never a mix.
+a power failure).  A crash leaves the old file or the new one, never a mix.
 
 A :class:`FolderLock` keeps a second job out of a folder in use: a lock file
 holding the host, the process and its start time; a lock whose process is

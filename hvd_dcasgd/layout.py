@@ -50,12 +50,12 @@ def untrained_state(model: torch.nn.Module, trained: Sequence[torch.Tensor]) -> 
 
 class ModelLayout:
     """Names, shapes and dtypes of the trained parameters and of the rest of
-    the model's state ("buffers": true buffers and frozen parameters)."""
+    the model's state (:func:`untrained_state`: buffers and frozen parameters)."""
 
-    def __init__(self, params: List[TensorSpec], group_sizes: List[int], buffers: List[TensorSpec]):
+    def __init__(self, params: List[TensorSpec], group_sizes: List[int], untrained_state: List[TensorSpec]):
         self.params = params
         self.group_sizes = group_sizes
-        self.buffers = buffers
+        self.untrained_state = untrained_state
         dtypes = {p.dtype for p in params}
         if len(dtypes) > 1:
             raise HvdDcasgdError(
@@ -97,8 +97,8 @@ class ModelLayout:
                     f"(first: {missing[0]}); pass model.named_parameters() of the model the optimizer trains"
                 )
         trained = trained_parameters(optimizer)
-        buffers = [_spec(n, t) for n, t in untrained_state(model, trained).items()] if model is not None else []
-        return cls(params, group_sizes, buffers)
+        untrained = [_spec(n, t) for n, t in untrained_state(model, trained).items()] if model is not None else []
+        return cls(params, group_sizes, untrained)
 
     def group_ranges(self) -> List[Tuple[int, int]]:
         """(start, end) of each param group in the flat buffer."""
@@ -120,9 +120,13 @@ class ModelLayout:
                 f"its optimizer's param groups hold {other.group_sizes} parameters, "
                 f"the server's hold {self.group_sizes}"
             )
-        for kind, mine, theirs in (("parameter", self.params, other.params), ("buffer", self.buffers, other.buffers)):
+        for kind, kinds, mine, theirs in (
+            ("parameter", "parameters", self.params, other.params),
+            ("buffer or frozen parameter", "buffers and frozen parameters", self.untrained_state,
+             other.untrained_state),
+        ):
             if len(mine) != len(theirs):
-                return f"it has {len(theirs)} {kind}s, the server has {len(mine)}"
+                return f"it has {len(theirs)} {kinds}, the server has {len(mine)}"
             for a, b in zip(mine, theirs):
                 if a != b:
                     return (

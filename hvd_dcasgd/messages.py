@@ -36,11 +36,13 @@ class Description:
     wire: str
     host: str
     check_finite: bool
+    lr_scaling: str
 
     @classmethod
     def of(cls, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype, host: str,
-           check_finite: bool) -> "Description":
-        return cls(layout, asdict(compensation), str(wire_dtype).replace("torch.", ""), host, check_finite)
+           check_finite: bool, lr_scaling: str) -> "Description":
+        return cls(layout, asdict(compensation), str(wire_dtype).replace("torch.", ""), host, check_finite,
+                   lr_scaling)
 
 
 @dataclass(frozen=True)
@@ -61,10 +63,10 @@ class SetState:
 
     kind: ClassVar[str] = "set_state"
     params: Dict[int, torch.Tensor] = field(default_factory=dict)
-    extras: Dict[str, torch.Tensor] = field(default_factory=dict)
+    untrained_state: Dict[str, torch.Tensor] = field(default_factory=dict)
 
     def run(self, server: ParameterServer) -> None:
-        server.set_state(self.params, self.extras)
+        server.set_state(self.params, self.untrained_state)
 
 
 @dataclass(frozen=True)

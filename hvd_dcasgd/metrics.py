@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .server import ParameterServer
     from .telemetry import Telemetry
 
-__all__ = ["DEFAULT_INTERVAL", "Metrics", "Snapshot", "interval_figures", "metrics_folder"]
+__all__ = ["DEFAULT_INTERVAL", "Metrics", "Reading", "interval_figures", "metrics_folder"]
 
 #: Seconds between two writes unless ``HVD_DCASGD_METRICS_INTERVAL`` says otherwise.
 DEFAULT_INTERVAL = 10.0
@@ -62,8 +62,8 @@ DEFAULT_INTERVAL = 10.0
 log = get_logger("metrics")
 
 
-class Snapshot:
-    """What a server's telemetry holds at one moment (copies of its counters)."""
+class Reading:
+    """A reading of a server's telemetry: its counters at one moment, copied."""
 
     def __init__(self, telemetry: "Telemetry", now: Optional[float] = None):
         self.at = time.perf_counter() if now is None else now  # the telemetry's clock
@@ -76,7 +76,7 @@ class Snapshot:
         self.checkpoints = telemetry.checkpoints
 
 
-def interval_figures(before: Snapshot, after: Snapshot) -> Dict[str, Any]:
+def interval_figures(before: Reading, after: Reading) -> Dict[str, Any]:
     """The figures of the interval from ``before`` to ``after``: rates,
     staleness of the gradients applied in it (``staleness`` itself is the
     histogram, a Counter), each worker's rate and silence."""
@@ -166,7 +166,7 @@ def _tensorboard_installed() -> bool:
 
 class Metrics:
     """One server's periodic writer: :meth:`write` every interval, from
-    :class:`Snapshot` s of the server's telemetry.
+    :class:`Reading` s of the server's telemetry.
 
     Arguments:
         server: the :class:`.server.ParameterServer` whose telemetry is written.
@@ -193,15 +193,15 @@ class Metrics:
                             f"{metrics_folder(folder, shard) / 'metrics.csv'} (pip install tensorboard for event "
                             "files)")
         self.output = _TensorBoard(path) if tensorboard else _CSV(path, columns)
-        self.last = Snapshot(telemetry)
+        self.last = Reading(telemetry)
         self.next_worker = 0
         self.wants_sample = self.sampled  # the interval's compensation_ratio is still to be sampled
         self.ratio: Optional[float] = None  # ... or this
         self.scratch: Dict[str, torch.Tensor] = {}  # the sample's copies, allocated once
 
-    def write(self, now: Optional[Snapshot] = None) -> Dict[str, Any]:
+    def write(self, now: Optional[Reading] = None) -> Dict[str, Any]:
         """Write the figures since the last write; they are returned."""
-        now = now or Snapshot(self.server.telemetry)
+        now = now or Reading(self.server.telemetry)
         figures = interval_figures(self.last, now)
         checkpoint = self.server.telemetry.checkpoint_seconds
         figures["checkpoint_seconds"] = checkpoint if now.checkpoints != self.last.checkpoints else None

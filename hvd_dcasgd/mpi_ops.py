@@ -146,7 +146,7 @@ def alltoall(tensor: torch.Tensor, splits: Optional[torch.Tensor] = None, name: 
     size = 1 if comm is None else comm.Get_size()
     counts = _even_splits(tensor.shape[0], size) if splits is None else [int(s) for s in splits]
     if len(counts) != size or sum(counts) != tensor.shape[0]:
-        raise HvdDcasgdValueError(f"hvd_dcasgd: alltoall splits {counts} do not cut {tensor.shape[0]} rows "
+        raise HvdDcasgdValueError(f"hvd_dcasgd: alltoall splits {counts} do not add up to {tensor.shape[0]} rows "
                                   f"into {size} parts")
     pieces = list(torch.split(_host(tensor), counts))
     received = pieces if comm is None else comm.alltoall(pieces)
@@ -159,7 +159,7 @@ def alltoall(tensor: torch.Tensor, splits: Optional[torch.Tensor] = None, name: 
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression: type = Compression.none,
                   op: str = Average, process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> torch.Tensor:
-    """``tensor`` reduced over the workers, then cut along the first
+    """``tensor`` reduced over the workers, then split along the first
     dimension: worker r keeps the r-th part (the first parts one row longer
     where the rows do not divide evenly)."""
     comm = communicator(process_set)

@@ -30,6 +30,7 @@ from .mpi_ops import Adasum, Average, Sum
 from .runtime import LOCAL, SERVER, WORKER, Runtime, runtime
 from .session import HorovodSession, idle_server, run_server, start_worker
 from .shards import check_shardable, is_elementwise, partition
+from .update import lr_factor
 
 #: Every training method by its short name: the server's modes (``none`` is
 #: ASGD, ``sync`` is SSGD, ``constant``/``adaptive`` are DC-ASGD-c/-a) and
@@ -307,10 +308,11 @@ def DistributedOptimizer(
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
         raise HvdDcasgdValueError(f"hvd_dcasgd: fusion_threshold={threshold!r} is not valid: use a whole number "
                                   "of bytes >= 0.")
+    lr_scaling = resolve("HVD_DCASGD_LR_SCALING", lr_scaling)
+    lr_factor(lr_scaling, schedule, 1)  # an unknown one is a sentence here, on every rank
     settings = Compensation(
         mode=compensation,
         schedule=schedule,
-        lr_scaling=resolve("HVD_DCASGD_LR_SCALING", lr_scaling),
         lambda_0=resolve("HVD_DCASGD_LAMBDA", lambda_0),
         mean_square_momentum=mean_square_momentum,
         eps=eps,
@@ -323,20 +325,22 @@ def DistributedOptimizer(
         trace = resolve("HVD_DCASGD_TRACE", trace)
         metrics.requested_folder = metrics_dir
         run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(rt, server_device), trace,
-                   checkpoint_dir, slices)
+                   checkpoint_dir, slices, lr_scaling=lr_scaling)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, backward_passes_per_step)
     wrapped.compensation = settings
+    wrapped.lr_scaling = lr_scaling
     wrapped.method = method
     if rt.role != LOCAL:
-        wrapped._session = start_worker(rt, wrapped, layout, settings, wire_dtype, model, check_finite, slices)
+        wrapped._session = start_worker(rt, wrapped, layout, settings, wire_dtype, model, check_finite, slices,
+                                        lr_scaling=lr_scaling)
         wrapped._session.worker.set_fusion_threshold(threshold)
     return wrapped
 
 
 def _slices(rt: Runtime, optimizer: torch.optim.Optimizer, layout: ModelLayout) -> list:
     """Each server's slice of the flat parameter vector, the same on every
-    rank (cut inside a parameter only for an element-wise optimizer); what
+    rank (split inside a parameter only for an element-wise optimizer); what
     several servers cannot do yet is refused on every rank alike."""
     if rt.role == LOCAL or rt.servers == 1:
         return [(0, layout.numel)]

@@ -1,4 +1,4 @@
-"""A staged server's update, cut in chunks and pipelined with its copies.
+"""A staged server's update, split into chunks and pipelined with its copies.
 
 A GPU server's update is bound by its host link: the gradient comes in from
 window memory and the weights go out to it.  Where the update is element

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 
 from .config import setting
 from .log import get_logger
-from .metrics import Snapshot, interval_figures
+from .metrics import Reading, interval_figures
 
 if TYPE_CHECKING:
     from .telemetry import Telemetry
@@ -52,12 +52,12 @@ class Progress:
     def __init__(self, telemetry: "Telemetry", worker_offset: int = 1):
         self.telemetry = telemetry
         self.worker_offset = worker_offset  # MPI rank of worker 0 (the number of servers)
-        self.last = Snapshot(telemetry)
+        self.last = Reading(telemetry)
         self.started = self.last.at
 
-    def line(self, left: Sequence[bool] = (), now: Optional[Snapshot] = None) -> str:
+    def line(self, left: Sequence[bool] = (), now: Optional[Reading] = None) -> str:
         """The line for the time since the previous one (which it ends)."""
-        now = now or Snapshot(self.telemetry)
+        now = now or Reading(self.telemetry)
         figures = interval_figures(self.last, now)
         self.last = now
         training = [m for m in range(len(now.pushes)) if not (m < len(left) and left[m])]

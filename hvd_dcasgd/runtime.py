@@ -46,7 +46,7 @@ class Session(Protocol):
         """Have the server take these state-dict entries (a restored
         checkpoint), all or nothing; raise what it could not take."""
 
-    def register_buffers(self, tensors: List["torch.Tensor"]) -> None:
+    def register_untrained_state(self, tensors: List["torch.Tensor"]) -> None:
         """Also combine these tensors over the workers at the end."""
 
     def finish(self) -> None:

@@ -36,7 +36,7 @@ from .pipelined import PipelinedUpdate, pipelined
 from .staging import Staging, choose_staging
 from .telemetry import Telemetry
 from .tensors import all_finite, snapshot
-from .update import ServerUpdate
+from .update import ServerUpdate, lr_factor
 
 #: The version of :meth:`ParameterServer.state_dict`'s format.
 STATE_FORMAT = 2
@@ -55,13 +55,15 @@ class ParameterServer:
         device: torch.device,
         telemetry: Telemetry,
         staged: Optional[bool] = None,
-        extras: Optional[Dict[str, torch.Tensor]] = None,
+        untrained_state: Optional[Dict[str, torch.Tensor]] = None,
         update_path: Optional[str] = None,
         checked_by_workers: Optional[Sequence[bool]] = None,
+        lr_factor: float = 1.0,
     ):
         """``channel`` (and the windows it owns) becomes the server's.
-        ``extras`` is the rest of the model's state by name (buffers, frozen
-        parameters), which a restore from a worker may set.  ``staged`` keeps
+        ``untrained_state`` is the rest of the model's state by name (buffers,
+        frozen parameters: :func:`.layout.untrained_state`), which a restore
+        from a worker may set.  ``staged`` keeps
         the model and the backups on ``device`` and moves messages through
         bounce buffers; the default, and the only way on a GPU, is to stage
         exactly when ``device`` is not the CPU.  ``update_path`` overrides
@@ -69,7 +71,9 @@ class ParameterServer:
         ``checked_by_workers[m]`` says that worker m refuses non-finite
         gradients itself before sending (``check_finite``, the default): the
         server then spares the extra pass over its gradients; it checks
-        every learning rate, and every other worker's gradients."""
+        every learning rate, and every other worker's gradients.
+        ``lr_factor`` multiplies every pushed learning rate (see
+        :func:`.update.lr_factor`; 1: the rate as given)."""
         self.optimizer = optimizer
         self.layout = layout
         self.compensation = compensation
@@ -102,11 +106,11 @@ class ParameterServer:
             self.backups[m].copy_(self.weights)
             self._fill_outbox(m)
         self.update = ServerUpdate(optimizer, layout, compensation, self.weights, self.grad, num_workers,
-                                   staged=self.staging is not None, path=update_path)
+                                   staged=self.staging is not None, path=update_path, lr_factor=lr_factor)
         chunked, self.pipelined_why = pipelined(self.update, self.staging)
         self.pipelined = PipelinedUpdate(self.update, self.staging) if chunked else None
         self._note_update_path()
-        self.extras = extras or {}
+        self.untrained_state = untrained_state or {}
         self.checked_by_workers = list(checked_by_workers or [False] * num_workers)
 
     def _note_update_path(self) -> None:
@@ -209,16 +213,17 @@ class ParameterServer:
                 self.backups[m].copy_(self.weights)
             self._fill_outbox(m)
 
-    def set_state(self, params: Dict[int, torch.Tensor], extras: Dict[str, torch.Tensor]) -> None:
+    def set_state(self, params: Dict[int, torch.Tensor], untrained_state: Dict[str, torch.Tensor]) -> None:
         """Overwrite trained parameters (by index in the layout) and the rest
         of the model's state (by name): a checkpoint restored on a worker.
         Every worker is about to hold these weights, so they become every
         backup.  All or nothing: a wrong index, name or shape changes nothing."""
         views = self.layout.views(self.weights)
         targets = [(views[i], t, self.layout.params[i].name) for i, t in params.items() if 0 <= i < len(views)]
-        targets += [(self.extras[n], t, n) for n, t in extras.items() if n in self.extras]
-        if len(targets) != len(params) + len(extras):
-            raise HvdDcasgdValueError("hvd_dcasgd: the server's model has no such parameter or buffer")
+        targets += [(self.untrained_state[n], t, n) for n, t in untrained_state.items() if n in self.untrained_state]
+        if len(targets) != len(params) + len(untrained_state):
+            raise HvdDcasgdValueError("hvd_dcasgd: the server's model has no such parameter, buffer or frozen "
+                                      "parameter")
         for target, value, name in targets:
             if target.shape != value.shape:
                 raise HvdDcasgdValueError(f"hvd_dcasgd: {name!r} is {list(value.shape)}, the server's is {list(target.shape)}")
@@ -240,10 +245,11 @@ class ParameterServer:
         """What the server was started with, as plain values."""
         return {
             "compensation": asdict(self.compensation),
+            "lr_factor": self.update.lr_factor,
             "num_workers": self.channel.num_workers,
             "parameters": [[p.name, list(p.shape), p.dtype] for p in self.layout.params],
             "group_sizes": list(self.layout.group_sizes),
-            "buffers": sorted(self.extras),
+            "untrained_state": sorted(self.untrained_state),
             "wire_dtype": str(self.wire_dtype).replace("torch.", ""),
         }
 
@@ -257,7 +263,7 @@ class ParameterServer:
             "format": STATE_FORMAT,
             "settings": self.settings(),
             "weights": snapshot(self.weights),
-            "extras": snapshot(dict(self.extras)),
+            "untrained_state": snapshot(dict(self.untrained_state)),
             "optimizer": snapshot(self.optimizer.state_dict()),
             "compensation_state": self.update.state.state_dict(),
             "backups": [snapshot(b) for b in self.backups],
@@ -272,13 +278,14 @@ class ParameterServer:
         the next pushes are applied exactly as that server would have.  All
         or nothing: a state of another format, settings or shape raises and
         changes nothing."""
+        state = _state_read(state)
         self._check_state(state)
         self.update.load_optimizer_state(state["optimizer"])  # checks its own groups first
         self._note_update_path()  # the path is chosen again with the optimizer's state
         with torch.no_grad():
             self.weights.copy_(state["weights"])
-            for name, value in state["extras"].items():
-                self.extras[name].copy_(value)
+            for name, value in state["untrained_state"].items():
+                self.untrained_state[name].copy_(value)
         self.update.state.load_state_dict(state["compensation_state"])
         for m, backup in enumerate(state["backups"]):
             self.backups[m].copy_(backup)
@@ -290,6 +297,7 @@ class ParameterServer:
         self.telemetry.updates = self.updates
 
     def _check_state(self, state: Dict[str, Any]) -> None:
+        state = _state_read(state)
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise HvdDcasgdValueError(f"hvd_dcasgd: not a server state of format {STATE_FORMAT} (found {found!r})")
@@ -306,10 +314,10 @@ class ParameterServer:
         shapes = [tuple(state["weights"].shape), *(tuple(b.shape) for b in state["backups"])]
         if shapes != [tuple(self.weights.shape)] * (1 + len(self.backups)):
             raise HvdDcasgdValueError(f"hvd_dcasgd: the state's weights and backups are shaped {shapes}")
-        for name, value in state["extras"].items():
-            if tuple(value.shape) != tuple(self.extras[name].shape):
+        for name, value in state["untrained_state"].items():
+            if tuple(value.shape) != tuple(self.untrained_state[name].shape):
                 raise HvdDcasgdValueError(f"hvd_dcasgd: the state's {name!r} is {list(value.shape)}, "
-                                          f"the server's is {list(self.extras[name].shape)}")
+                                          f"the server's is {list(self.untrained_state[name].shape)}")
         self.update.state.check(state["compensation_state"])
 
     def applied(self, worker: int) -> int:
@@ -334,3 +342,26 @@ class ParameterServer:
             self.staging.close()
         self.channel.free()
         self.telemetry.close()
+
+
+def _state_read(state: Any) -> Any:
+    """A saved :meth:`ParameterServer.state_dict` under today's names.
+    Files written before kept the untrained state under ``extras`` (its
+    names in the settings under ``buffers``), and the learning rate's meaning
+    in the compensation's settings (``lr_scaling``) instead of the factor it
+    gives."""
+    if not isinstance(state, dict) or not isinstance(state.get("settings"), dict):
+        return state
+    state, settings = dict(state), dict(state["settings"])
+    if "extras" in state and "untrained_state" not in state:
+        state["untrained_state"] = state.pop("extras")
+    if "buffers" in settings and "untrained_state" not in settings:
+        settings["untrained_state"] = settings.pop("buffers")
+    if "lr_factor" not in settings and isinstance(settings.get("compensation"), dict):
+        compensation = dict(settings["compensation"])
+        scaling = compensation.pop("lr_scaling", "none")
+        settings["compensation"] = compensation
+        settings["lr_factor"] = lr_factor(scaling, compensation.get("schedule", "async"),
+                                          int(settings.get("num_workers") or 1))
+    state["settings"] = settings
+    return state

@@ -46,6 +46,7 @@ from .shards import Piece, shard_layout, shard_tensors
 from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .tags import SURVIVORS
 from .tensors import broadcast_, snapshot, to_cpu
+from .update import lr_factor
 from .worker import Worker
 
 
@@ -68,6 +69,11 @@ def _disagreements(server: Description, workers: List[Description]) -> List[str]
                 f"hvd_dcasgd: worker {m}'s compensation settings {theirs} differ from the server's {mine}; "
                 f"every rank must use the same (check HVD_DCASGD_LAMBDA)."
             )
+        elif worker.lr_scaling != server.lr_scaling:
+            problems.append(
+                f"hvd_dcasgd: the server applies lr_scaling {server.lr_scaling!r} but worker {m} asks for "
+                f"{worker.lr_scaling!r}; every rank must use the same (check HVD_DCASGD_LR_SCALING)."
+            )
         if worker.wire != server.wire:
             problems.append(
                 f"hvd_dcasgd: worker {m} compresses gradients to {worker.wire}, the server expects "
@@ -80,11 +86,11 @@ def _disagreements(server: Description, workers: List[Description]) -> List[str]
 
 
 def agree(rt: Runtime, comm: Any, layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype,
-          check_finite: bool = False) -> List[Tuple[str, Description]]:
+          check_finite: bool = False, *, lr_scaling: str) -> List[Tuple[str, Description]]:
     """Raise the same clear error on every rank of ``comm`` (a server's
     session) unless all its ranks agree.  Returns (on the server) each
     worker's name for messages (index, MPI rank, host) and description."""
-    mine = Description.of(layout, compensation, wire_dtype, rt.mpi.Get_processor_name(), check_finite)
+    mine = Description.of(layout, compensation, wire_dtype, rt.mpi.Get_processor_name(), check_finite, lr_scaling)
     gathered = comm.gather(mine, root=0)
     problems = _disagreements(gathered[0], gathered[1:]) if rt.role == SERVER else None
     problems = comm.bcast(problems, root=0)
@@ -95,18 +101,19 @@ def agree(rt: Runtime, comm: Any, layout: ModelLayout, compensation: Compensatio
     return [(f"worker {m} (MPI rank {m + rt.servers}, host {d.host})", d) for m, d in enumerate(gathered[1:])]
 
 
-def _extras(model: Optional[torch.nn.Module], optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
+def _untrained_state_of(model: Optional[torch.nn.Module],
+                        optimizer: torch.optim.Optimizer) -> Dict[str, torch.Tensor]:
     if model is None:
         return {}
     return untrained_state(model, trained_parameters(optimizer))
 
 
-def combine_buffers(mpi: Any, workers: Any, buffers: List[torch.Tensor]) -> None:
-    """Among ``workers`` (a communicator of workers): where a buffer differs
-    between them, average it (floating point: BatchNorm statistics) or sum it
-    (integers: counters); where it is the same everywhere (frozen
-    parameters), leave it alone."""
-    for buffer in buffers:
+def combine_untrained_state(mpi: Any, workers: Any, tensors: List[torch.Tensor]) -> None:
+    """Among ``workers`` (a communicator of workers), each of ``tensors`` of
+    the untrained state: where it differs between them, average it (floating
+    point: BatchNorm statistics) or sum it (integers: counters); where it is
+    the same everywhere (frozen parameters), leave it alone."""
+    for buffer in tensors:
         wide = torch.float64 if buffer.is_floating_point() else torch.int64
         host = buffer.detach().to("cpu", dtype=wide, copy=True).contiguous()
         low, high = host.clone(), host.clone()
@@ -173,7 +180,7 @@ def start(comms: Sequence[Any], side: Opening) -> Resumed:
     return resumed
 
 
-def final_exchange(comm: Any, extras: List[torch.Tensor], weights: torch.Tensor,
+def final_exchange(comm: Any, untrained_state: List[torch.Tensor], weights: torch.Tensor,
                    optimizer_state: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     """The end of a session, run by every rank of ``comm`` (the server at
     rank 0, then the workers): the same collectives in the same order on both
@@ -181,7 +188,7 @@ def final_exchange(comm: Any, extras: List[torch.Tensor], weights: torch.Tensor,
     from the first worker (rank 1), the server's final weights and optimizer
     state from rank 0.  The windows stay open (the server's last checkpoint
     reads the backups in them); both sides free them next."""
-    broadcast_(comm, extras, root=1)
+    broadcast_(comm, untrained_state, root=1)
     broadcast_(comm, [weights], root=0)
     return comm.bcast(optimizer_state, root=0)
 
@@ -237,7 +244,7 @@ class ServerSession:
     def restore_on_server(self, items: List[Tuple[str, torch.Tensor]]) -> None:
         """Nothing to do: the collectives take no part on the server."""
 
-    def register_buffers(self, tensors: List[torch.Tensor]) -> None:
+    def register_untrained_state(self, tensors: List[torch.Tensor]) -> None:
         """Nothing to do: the workers combine their buffers among themselves."""
 
     def serve(self) -> None:
@@ -254,7 +261,8 @@ class ServerSession:
         self.lifecycle.end()
         dropped = [m for m, d in enumerate(server.channel.dropped) if d]
         comm = survivors(rt, self.comm, dropped)[0] if dropped else self.comm
-        final_exchange(comm, list(server.extras.values()), server.weights, snapshot(server.optimizer.state_dict()))
+        final_exchange(comm, list(server.untrained_state.values()), server.weights,
+                       snapshot(server.optimizer.state_dict()))
         if self.coordination.checkpoints is not None:
             self.last_checkpoint = save(server, self.coordination.checkpoints,
                                         self.coordination.last_checkpoint_number())
@@ -289,14 +297,14 @@ class WorkerSession:
 
     server_holds_weights = True  # broadcasts while training also reach the server
 
-    def __init__(self, rt: Runtime, worker: Worker, extras: Dict[str, torch.Tensor], comms: List[Any],
+    def __init__(self, rt: Runtime, worker: Worker, untrained_state: Dict[str, torch.Tensor], comms: List[Any],
                  slices: Slices, pushes_before: int = 0):
         """``comms[s]`` is server s's session, whose slice of the model is
         ``slices.pieces[s]``."""
-        self.rt, self.worker, self.extras = rt, worker, extras
+        self.rt, self.worker, self.untrained_state = rt, worker, untrained_state
         self.comms, self.slices = comms, slices
         self.lifecycle: Lifecycle = rt.lifecycle
-        self.buffers: List[torch.Tensor] = list(extras.values())
+        self.untrained_tensors: List[torch.Tensor] = list(untrained_state.values())
         self.requests = [ControlRequests(rt.mpi, comm) for comm in comms]
         self.finished = False
         self.pushes_before = pushes_before  # applied before this job started (a resumed job)
@@ -307,11 +315,11 @@ class WorkerSession:
         """This worker's pushes the server has taken, this job and the ones it resumes."""
         return self.pushes_before + self.worker.pushes
 
-    def register_buffers(self, tensors: List[torch.Tensor]) -> None:
+    def register_untrained_state(self, tensors: List[torch.Tensor]) -> None:
         """Also combine these (the non-trained entries of a state dict the
         script broadcast) at the end."""
-        known = {t.data_ptr() for t in self.buffers} | {p.data_ptr() for p in self.worker.params}
-        self.buffers += [t for t in tensors if t.data_ptr() not in known and t.numel()]
+        known = {t.data_ptr() for t in self.untrained_tensors} | {p.data_ptr() for p in self.worker.params}
+        self.untrained_tensors += [t for t in tensors if t.data_ptr() not in known and t.numel()]
 
     def restore_on_server(self, items: List[Tuple[str, torch.Tensor]]) -> None:
         """Send these state-dict entries to the servers: trained parameters by
@@ -319,9 +327,10 @@ class WorkerSession:
         slice of them), the rest of the model's state by name."""
         index = {p.data_ptr(): i for i, p in enumerate(self.worker.params)}
         params = {index[t.data_ptr()]: t.detach().cpu() for _, t in items if t.data_ptr() in index}
-        extras = {n: t.detach().cpu() for n, t in items if n in self.extras and t.data_ptr() not in index}
+        untrained_state = {n: t.detach().cpu() for n, t in items
+                           if n in self.untrained_state and t.data_ptr() not in index}
         for requests, pieces in zip(self.requests, self.slices.pieces):
-            requests.ask(SetState(shard_tensors(params, pieces), extras))
+            requests.ask(SetState(shard_tensors(params, pieces), untrained_state))
 
     def load_optimizer_state(self, state: Dict[str, Any]) -> None:
         """Load an optimizer state on the servers (each its slice of it)."""
@@ -368,10 +377,11 @@ class WorkerSession:
             comms, workers = [comm for comm, _ in ends], ends[0][1]
         else:
             comms, workers = self.comms, rt.workers
-        combine_buffers(rt.mpi, workers, self.buffers)
+        combine_untrained_state(rt.mpi, workers, self.untrained_tensors)
         states = []
         for comm, channel, (start, end) in zip(comms, channels, self.worker.slices):
-            states.append(final_exchange(comm, list(self.extras.values()), self.worker.weights[start:end], None))
+            states.append(final_exchange(comm, list(self.untrained_state.values()), self.worker.weights[start:end],
+                                         None))
             if not dropped:  # with a dropped worker the windows cannot be freed (that is collective with it)
                 channel.free()
         self.slices.share_final_weights(lambda: survivors(rt, rt.world, dropped, rt.servers)[0] if dropped
@@ -397,7 +407,7 @@ class HorovodSession:
     def restore_on_server(self, items: List[Tuple[str, torch.Tensor]]) -> None:
         """Nothing to do: the server rank holds no model."""
 
-    def register_buffers(self, tensors: List[torch.Tensor]) -> None:
+    def register_untrained_state(self, tensors: List[torch.Tensor]) -> None:
         """Nothing to do: Horovod's workers keep their own buffers."""
 
     def finish(self) -> None:
@@ -421,11 +431,13 @@ class _ServerOpening:
 
     def __init__(self, rt: Runtime, coordination: Coordination, optimizer: torch.optim.Optimizer,
                  layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype, device: torch.device,
-                 extras: Dict[str, torch.Tensor], workers: List[Tuple[str, Description]],
-                 trace_path: Optional[str], checkpoint_dir: Optional[str], slice_: Tuple[int, int]):
+                 untrained_state: Dict[str, torch.Tensor], workers: List[Tuple[str, Description]],
+                 trace_path: Optional[str], checkpoint_dir: Optional[str], slice_: Tuple[int, int],
+                 lr_scaling: str):
         self.rt, self.coordination = rt, coordination
+        self.lr_factor = lr_factor(lr_scaling, compensation.schedule, rt.num_workers)
         self.optimizer, self.layout, self.compensation = optimizer, layout, compensation
-        self.wire_dtype, self.device, self.extras, self.workers = wire_dtype, device, extras, workers
+        self.wire_dtype, self.device, self.untrained_state, self.workers = wire_dtype, device, untrained_state, workers
         self.trace_path, self.checkpoint_dir, self.slice = trace_path, checkpoint_dir, slice_
         self.found: Optional[Tuple[Any, Dict[str, Any]]] = None
         self.server: Optional[ParameterServer] = None
@@ -433,7 +445,7 @@ class _ServerOpening:
     def find_checkpoint(self) -> None:
         """This server's checkpoint folder and the checkpoint to resume from
         (with several servers, the newest cut every server holds)."""
-        needs = estimate_bytes(self.layout.numel, self.layout.dtype, self.rt.num_workers, self.extras)
+        needs = estimate_bytes(self.layout.numel, self.layout.dtype, self.rt.num_workers, self.untrained_state)
         self.found = self.coordination.open_checkpoints(self.checkpoint_dir, self.rt.shard, needs)
 
     def open_windows(self, shard: int, comm: Any) -> None:
@@ -443,8 +455,9 @@ class _ServerOpening:
                                  [description.host for _, description in self.workers])
         self.server = open_server(comm, self.optimizer, self.layout, self.compensation,
                                   num_workers=self.rt.num_workers, wire_dtype=self.wire_dtype, device=self.device,
-                                  telemetry=telemetry, extras=self.extras,
-                                  checked_by_workers=[d.check_finite for _, d in self.workers])
+                                  telemetry=telemetry, untrained_state=self.untrained_state,
+                                  checked_by_workers=[d.check_finite for _, d in self.workers],
+                                  lr_factor=self.lr_factor)
 
     def resume(self) -> Resumed:
         """Load the checkpoint found into the server; what the workers need to know."""
@@ -463,7 +476,7 @@ class _ServerOpening:
                        tuple(a + r for a, r in zip(server.telemetry.pushes, server.telemetry.refused)))
 
     def start_tensors(self, shard: int) -> List[torch.Tensor]:
-        return [self.server.weights, *self.extras.values()]
+        return [self.server.weights, *self.untrained_state.values()]
 
 
 def run_server(
@@ -477,21 +490,24 @@ def run_server(
     trace_path: Optional[str],
     checkpoint_dir: Optional[str] = None,
     slices: Optional[List[Tuple[int, int]]] = None,
+    *,
+    lr_scaling: str,
 ) -> None:
     """This server's whole lifecycle: start, serve the workers until they
     all leave, end, and exit: status 0, or 75 when the job was asked to
     stop.  With several servers this one serves ``slices[rt.shard]`` of the
-    flat parameter vector."""
+    flat parameter vector.  ``lr_scaling`` says what a worker's learning
+    rate means (:data:`.update.LR_SCALINGS`)."""
     slices = slices or [(0, layout.numel)]
     comm = rt.shard_comms[rt.shard]
-    workers = agree(rt, comm, layout, compensation, wire_dtype)
-    extras = _extras(model, optimizer)
+    workers = agree(rt, comm, layout, compensation, wire_dtype, lr_scaling=lr_scaling)
+    untrained_state = _untrained_state_of(model, optimizer)
     params = trained_parameters(optimizer)
     coordination = coordination_for(rt.mpi, rt.servers_comm, rt.servers, None)
-    served_layout, served_optimizer = coordination.served(layout, optimizer, [*params, *extras.values()],
+    served_layout, served_optimizer = coordination.served(layout, optimizer, [*params, *untrained_state.values()],
                                                           slices[rt.shard])
     opening = _ServerOpening(rt, coordination, served_optimizer, served_layout, compensation, wire_dtype, device,
-                             extras, workers, trace_path, checkpoint_dir, slices[rt.shard])
+                             untrained_state, workers, trace_path, checkpoint_dir, slices[rt.shard], lr_scaling)
     start([comm], opening)
     session = ServerSession(rt, comm, opening.server, [name for name, _ in workers], coordination, params)
     rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
@@ -504,10 +520,10 @@ class _WorkerOpening:
     """A worker's part in :func:`start`, with every server."""
 
     def __init__(self, rt: Runtime, served: List[Tuple[ModelLayout, List[Piece]]], wire_dtype: torch.dtype,
-                 build: Callable[[List[Any]], Worker], extras: Dict[str, torch.Tensor],
+                 build: Callable[[List[Any]], Worker], untrained_state: Dict[str, torch.Tensor],
                  slices: List[Tuple[int, int]], names: Slices):
         self.rt, self.served, self.wire_dtype, self.build = rt, served, wire_dtype, build
-        self.extras, self.slices, self.names = extras, slices, names
+        self.untrained_state, self.slices, self.names = untrained_state, slices, names
         self.channels: List[Any] = []
         self.worker: Optional[Worker] = None
 
@@ -527,7 +543,7 @@ class _WorkerOpening:
 
     def start_tensors(self, shard: int) -> List[torch.Tensor]:
         start, end = self.slices[shard]
-        return [self.worker.weights[start:end], *self.extras.values()]
+        return [self.worker.weights[start:end], *self.untrained_state.values()]
 
 
 def start_worker(
@@ -539,6 +555,8 @@ def start_worker(
     model: Optional[torch.nn.Module],
     check_finite: bool,
     slices: Optional[List[Tuple[int, int]]] = None,
+    *,
+    lr_scaling: str,
 ) -> WorkerSession:
     """Join every server's session and load the servers' weights and
     buffers; in a resumed job, this worker's own backup (the weights it last
@@ -546,13 +564,13 @@ def start_worker(
     slices = slices or [(0, layout.numel)]
     comms = rt.shard_comms
     for comm in comms:
-        agree(rt, comm, layout, compensation, wire_dtype, check_finite)
-    extras = _extras(model, optimizer)
+        agree(rt, comm, layout, compensation, wire_dtype, check_finite, lr_scaling=lr_scaling)
+    untrained_state = _untrained_state_of(model, optimizer)
     served = [shard_layout(layout, start, end) for start, end in slices]
     servers = slices_for(rt.servers, layout, [pieces for _, pieces in served])
     opening = _WorkerOpening(rt, served, wire_dtype,
                              lambda channels: Worker(optimizer, layout, channels, wire_dtype, check_finite, slices),
-                             extras, slices, servers)
+                             untrained_state, slices, servers)
     resumed = start(comms, opening)
     worker = opening.worker
     pushes_before = 0
@@ -560,7 +578,7 @@ def start_worker(
         worker.read()
         pushes_before = resumed.pushes[rt.worker_rank]
     worker.load_weights()
-    session = WorkerSession(rt, worker, extras, comms, servers, pushes_before)
+    session = WorkerSession(rt, worker, untrained_state, comms, servers, pushes_before)
     rt.session = session
     rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
     return session

@@ -162,7 +162,7 @@ def shard_layout(layout: ModelLayout, start: int, end: int) -> Tuple[ModelLayout
         specs.append(spec if piece.whole else
                      TensorSpec(f"{spec.name}[{piece.start}:{piece.end}]", (piece.end - piece.start,), spec.dtype))
     sizes = [sum(1 for piece in found if piece.group == g) for g in range(len(layout.group_sizes))]
-    return ModelLayout(specs, sizes, list(layout.buffers)), found
+    return ModelLayout(specs, sizes, list(layout.untrained_state)), found
 
 
 def shard_tensors(tensors: Dict[int, torch.Tensor], found: Sequence[Piece]) -> Dict[int, torch.Tensor]:

@@ -60,7 +60,7 @@ def worker_batches(num_samples: int, worker: int, workers: int, batch_size: int,
                    seed: int) -> Iterator[Tuple[int, torch.Tensor]]:
     """(epoch, sample indices) of every step of ``worker``: its shard
     ``worker, worker + workers, ...``, permuted every epoch by a generator
-    seeded with ``1000 * seed + worker``, cut into batches (the last one may be short)."""
+    seeded with ``1000 * seed + worker``, split into batches (the last one may be short)."""
     shard = torch.arange(worker, num_samples, workers)
     generator = torch.Generator().manual_seed(1000 * seed + worker)
     for epoch in range(epochs):
@@ -223,9 +223,9 @@ def _server(model: torch.nn.Module, optimizer: torch.optim.Optimizer, compensati
             trace: Optional[str]) -> ParameterServer:
     """The project's ParameterServer over real windows on this rank alone."""
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
-    if layout.buffers:
-        raise HvdDcasgdValueError("hvd_dcasgd: the simulator takes models without buffers (a real run keeps "
-                                  "BatchNorm statistics per worker)")
+    if layout.untrained_state:
+        raise HvdDcasgdValueError("hvd_dcasgd: the simulator takes models without buffers or frozen parameters "
+                                  "(a real run keeps BatchNorm statistics per worker)")
     return open_server(load_mpi().COMM_SELF, optimizer, layout, compensation, num_workers=workers,
                        telemetry=Telemetry(workers, trace), staged=False)
 

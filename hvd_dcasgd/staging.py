@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-#: Chunks each copy is cut into (fewer where a chunk would hold under MIN_CHUNK elements).
+#: Chunks each copy is split into (fewer where a chunk would hold under MIN_CHUNK elements).
 CHUNKS = 8
 MIN_CHUNK = 1 << 16
 IN, UPDATE, OUT = "in", "update", "out"

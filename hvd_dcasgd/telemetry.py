@@ -51,7 +51,7 @@ class Telemetry:
         self.transport: Dict[str, Any] = {}  # how the pushes travel and which hosts hold the ranks
         self.update_path: Dict[str, str] = {}  # which update ran, how messages reach the model, and why
         if trace_path and resume_from is not None and shard is None and os.path.exists(trace_path):
-            cut_trace(trace_path, {None: resume_from})  # several servers: the first cut everyone's
+            truncate_trace(trace_path, {None: resume_from})  # several servers: the first truncates everyone's
         mode = "a" if resume_from is not None or shard is not None else "w"
         # several servers append to one file: a line at a time (one write each, O_APPEND)
         buffering = 1 if shard is not None else -1
@@ -97,7 +97,8 @@ class Telemetry:
 
     def note_sent(self, worker: int, update: int) -> None:
         """Note that ``worker`` was sent the weights of ``update`` outside a push
-        (a consistent snapshot of its checkpoint): ``{"worker": m, "sent": i}``."""
+        (with the optimizer's state of the same moment, for a checkpoint its
+        script saves): ``{"worker": m, "sent": i}``."""
         if self._trace is not None:
             self._trace.write(json.dumps({"worker": worker, "sent": update, **self._tag}) + "\n")
 
@@ -221,8 +222,8 @@ class Telemetry:
 
 def read_trace(path: str) -> List[Dict[str, Any]]:
     """The records of the trace at ``path``, in order.  A line that is not
-    whole -- the last one cut short by a SIGKILL while it was written, or,
-    with several servers appending, one cut short and followed on the same
+    whole (torn) -- the last one, torn by a SIGKILL while it was written, or,
+    with several servers appending, one torn and followed on the same
     line by another server's whole one -- is dropped with a warning naming
     the line; a whole record after it on that line is kept."""
     records, decoder = [], json.JSONDecoder()
@@ -236,7 +237,7 @@ def read_trace(path: str) -> List[Dict[str, Any]]:
                 continue
             except ValueError:
                 pass
-            rest = None  # a whole record after the cut: from the last "{" that parses to the end
+            rest = None  # a whole record after the torn part: from the last "{" that parses to the end
             for start in (i for i in range(len(line) - 1, 0, -1) if line[i] == "{"):
                 try:
                     record, end = decoder.raw_decode(line, start)
@@ -245,18 +246,18 @@ def read_trace(path: str) -> List[Dict[str, Any]]:
                 if end == len(line) and isinstance(record, dict):
                     rest = record
                 break
-            warn(f"the trace {path} has a line cut short at line {number} (a job killed while writing it): "
+            warn(f"the trace {path} has a torn line at line {number} (a job killed while writing it): "
                  f"dropped {line[:40]!r}{' ...' if len(line) > 40 else ''}", stacklevel=3)
             if rest is not None:
                 records.append(rest)
     return records
 
 
-def cut_trace(path: str, updates: Dict[Optional[int], Optional[int]]) -> None:
+def truncate_trace(path: str, updates: Dict[Optional[int], Optional[int]]) -> None:
     """Keep the lines of ``path`` about updates before ``updates[s]``, s
     being a line's ``"shard"`` (``None`` for one server's lines; a server
-    missing or at ``None`` keeps nothing but its first line); lines cut
-    short are dropped (:func:`read_trace`), every kept one ends the line."""
+    missing or at ``None`` keeps nothing but its first line); torn lines
+    are dropped (:func:`read_trace`), every kept one ends the line."""
     def before(record: Dict[str, Any]) -> bool:
         if "offset" in record:  # a server's first line
             return True

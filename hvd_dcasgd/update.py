@@ -35,11 +35,32 @@ from .errors import HvdDcasgdError, HvdDcasgdValueError
 from .layout import ModelLayout, trained_parameters
 from .tensors import snapshot
 
-__all__ = ["FUSED", "FUSED_SGD", "FOREACH", "PATHS", "REFERENCE", "ServerUpdate", "check_update_path",
-           "default_update_path", "is_sgd"]
+__all__ = ["FUSED", "FUSED_SGD", "FOREACH", "LR_SCALINGS", "PATHS", "REFERENCE", "ServerUpdate", "check_update_path",
+           "default_update_path", "is_sgd", "lr_factor"]
 
 REFERENCE, FOREACH, FUSED, FUSED_SGD = "reference", "foreach", "fused", "fused_sgd"
 PATHS = (REFERENCE, FOREACH, FUSED, FUSED_SGD)
+
+#: What a worker's learning rate means: ``DistributedOptimizer``'s
+#: ``lr_scaling``, resolved from ``HVD_DCASGD_LR_SCALING`` and the table's
+#: one default (``horovod``) by :func:`hvd_dcasgd.config.resolve`.
+#: ``horovod``: Horovod's convention, the rate for the average of
+#: ``hvd.size()`` gradients (scripts scale it by ``hvd.size()``), so on the
+#: ``async`` schedule each worker's gradient is applied at ``lr / size()`` and
+#: a round of M updates moves the weights as far as one Horovod step.
+#: ``none``: the rate as given, for every gradient (the paper's setting: the
+#: same rate as sequential SGD).  The ``sync`` schedule applies the average of
+#: M gradients, as Horovod does, so the rate is applied as given under both.
+#: The server's update only sees the factor, :func:`lr_factor`.
+LR_SCALINGS = ("horovod", "none")
+
+
+def lr_factor(lr_scaling: str, schedule: str, num_workers: int) -> float:
+    """What each pushed learning rate is multiplied by (see :data:`LR_SCALINGS`)."""
+    if lr_scaling not in LR_SCALINGS:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown lr_scaling {lr_scaling!r}; choose one of "
+                                  f"{', '.join(LR_SCALINGS)}")
+    return 1.0 / num_workers if lr_scaling == "horovod" and schedule == "async" else 1.0
 
 
 def is_sgd(optimizer: torch.optim.Optimizer) -> bool:
@@ -217,10 +238,13 @@ class ServerUpdate:
     """The update as the server runs it, push after push: the optimizer (its
     parameters views of ``weights``, their gradients views of ``grad``), the
     compensation with its state, and the path :func:`default_update_path`
-    chose (again after the optimizer's state is loaded)."""
+    chose (again after the optimizer's state is loaded).  ``lr_factor``
+    multiplies every pushed learning rate (:func:`lr_factor`; 1: the rate as
+    given)."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, layout: ModelLayout, compensation: Compensation,
-                 weights: Tensor, grad: Tensor, num_workers: int, staged: bool, path: Optional[str] = None):
+                 weights: Tensor, grad: Tensor, num_workers: int, staged: bool, path: Optional[str] = None,
+                 lr_factor: float = 1.0):
         self.optimizer = optimizer
         self.layout = layout
         self.compensation = compensation
@@ -229,7 +253,7 @@ class ServerUpdate:
         self.requested_path = path
         self.group_ranges = layout.group_ranges()
         self.state = CompensationState(compensation, weights, num_workers, num_groups=len(self.group_ranges))
-        self.lr_factor = compensation.lr_factor(num_workers)
+        self.lr_factor = lr_factor
         self.choose_path()
 
     def choose_path(self) -> None:

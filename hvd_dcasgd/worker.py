@@ -17,9 +17,9 @@ arrives in one host buffer: one Get.  CPU parameters are views of that buffer,
 so the next forward pass runs on the server's weights with no copy; others
 (a worker's GPU) are loaded from it.
 
-Overlap with backward, as Horovod's fusion buffers do: the parameters are cut
+Overlap with backward, as Horovod's fusion buffers do: the parameters are split
 into buckets (:func:`buckets`: runs of parameters in the message's order, at
-most ``fusion_threshold`` bytes on the wire each, cut from the end since
+most ``fusion_threshold`` bytes on the wire each, split from the end since
 backward produces the last layers' gradients first).  When the optimizer's
 gradient hook reports that every gradient of a bucket is final
 (:meth:`Worker.gradient_final`), the bucket is packed, checked and Put into
@@ -59,20 +59,20 @@ FUSION_THRESHOLD = 64 << 20
 def buckets(sizes: Sequence[int], threshold: int) -> List[Tuple[int, int]]:
     """Runs ``(first, end)`` of consecutive parameters whose wire bytes
     (``sizes``) add up to at most ``threshold`` (a larger parameter is a
-    bucket alone), in the message's order, cut from the last parameter back;
+    bucket alone), in the message's order, split from the last parameter back;
     ``threshold`` 0: one bucket of them all, sent by ``step()`` alone."""
     if not sizes:
         return []
     if threshold <= 0:
         return [(0, len(sizes))]
-    cuts, end, total = [], len(sizes), 0
+    runs, end, total = [], len(sizes), 0
     for i in range(len(sizes) - 1, -1, -1):
         if total and total + sizes[i] > threshold:
-            cuts.append((i + 1, end))
+            runs.append((i + 1, end))
             end, total = i + 1, 0
         total += sizes[i]
-    cuts.append((0, end))
-    return cuts[::-1]
+    runs.append((0, end))
+    return runs[::-1]
 
 
 class Worker:
@@ -123,7 +123,7 @@ class Worker:
         self.set_fusion_threshold(0)
 
     def set_fusion_threshold(self, threshold: int) -> None:
-        """Cut the gradient into buckets of at most ``threshold`` bytes, each
+        """Split the gradient into buckets of at most ``threshold`` bytes, each
         sent as soon as backward has finished it (0: all sent by ``step()``)."""
         if threshold and any(p.device.type != "cpu" for p in self.params) and not self._threads_may_call_mpi():
             threshold = 0  # a GPU's gradient hooks run on autograd's device thread

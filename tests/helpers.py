@@ -220,7 +220,7 @@ def push_gradient(server, worker, seed, lrs):
 ORDER = [0, 1, 2, 1, 0, 0, 2, 1, 2, 0]
 
 
-def fresh_server(optimizer_name, comp, seed=0, wire=torch.float32):
+def fresh_server(optimizer_name, comp, seed=0, wire=torch.float32, **options):
     torch.manual_seed(seed)
     model = Net()
     if seed:  # a server that starts elsewhere, so a load has something to overwrite
@@ -229,7 +229,7 @@ def fresh_server(optimizer_name, comp, seed=0, wire=torch.float32):
                 p.add_(torch.randn_like(p))
     optimizer = OPTIMIZERS[optimizer_name](model)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
-    return open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire)
+    return open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire, **options)
 
 
 def apply_pushes(server, pushes):
@@ -308,7 +308,7 @@ def replay_exactly(records, args, workers=WORKERS, at_sent=None):
     lrs = [group["lr"] for group in optimizer.param_groups]
     for r in records:
         m = r["worker"]
-        if "sent" in r:  # a snapshot: the worker got the weights of this moment
+        if "sent" in r:  # the worker got the weights of this moment, outside a push
             backups[m].copy_(weights)
             if at_sent is not None:
                 at_sent(layout.views(weights), optimizer)
@@ -377,8 +377,8 @@ def sharded_replay(slices, records, args):
     shards = []
     for offset, numel in slices:
         weights = flat0[offset:offset + numel].clone()
-        cut = max(0, min(numel, synthetic.DIM_A - offset))  # where b starts in this slice
-        pieces = [weights[:cut].clone().requires_grad_(), weights[cut:].clone().requires_grad_()]
+        split = max(0, min(numel, synthetic.DIM_A - offset))  # where b starts in this slice
+        pieces = [weights[:split].clone().requires_grad_(), weights[split:].clone().requires_grad_()]
         groups = [{"params": [p for p in pieces[:1] if p.numel()]},
                   {"params": [p for p in pieces[1:] if p.numel()], "lr": args.lr * 0.5}]
         if args.optimizer == "adam":
@@ -416,8 +416,8 @@ def sharded_replay(slices, records, args):
                     g = paper_compensation(args.compensation, g, w, w_bak, lambda_0, shard["mean_square"])
                 elif args.compensation == "staleness":  # Zhang et al. 2016: this server's own staleness
                     g = g / max(1, r["staleness"])
-                cut = shard["pieces"][0].numel()
-                shard["pieces"][0].grad, shard["pieces"][1].grad = g[:cut].clone(), g[cut:].clone()
+                split = shard["pieces"][0].numel()
+                shard["pieces"][0].grad, shard["pieces"][1].grad = g[:split].clone(), g[split:].clone()
                 optimizer = shard["optimizer"]
                 optimizer.param_groups[0]["lr"] = args.lr
                 optimizer.param_groups[1]["lr"] = args.lr * 0.5

@@ -152,6 +152,29 @@ def test_the_scaling_model_on_a_hand_computed_case_and_its_section(tmp_path):
     assert "| 32 | 8 | 296 |" in body, body  # 32 workers of 100 ms + 8 ms of transfer each
 
 
+def test_the_comparison_of_two_commits_pairs_rounds_and_decides_on_a_tolerance():
+    """compare_commits.py's ratio of a round is this tree's rate over the
+    earlier commit's in that round: a machine twice as fast in one round
+    changes nothing, so equal ratios give an interval of width zero; the
+    verdict follows where the interval lies against the tolerance.  (A real
+    comparison runs bench_end_to_end.py from both trees for minutes: its
+    command is on the performance page.)"""
+    sys.path.insert(0, str(BENCH))
+    import compare_commits
+
+    mean, interval = compare_commits.ratio_interval([98.0, 196.0, 147.0], [100.0, 200.0, 150.0])
+    assert mean == pytest.approx(0.98) and interval == pytest.approx((0.98, 0.98))
+    mean, (low, high) = compare_commits.ratio_interval([90.0, 210.0, 150.0], [100.0, 200.0, 150.0])
+    logs = [math.log(0.9), math.log(1.05), 0.0]
+    half = 4.302653 * statistics.stdev(logs) / math.sqrt(3)  # t(0.975, 2 degrees of freedom)
+    assert (low, high) == pytest.approx((math.exp(statistics.fmean(logs) - half),
+                                         math.exp(statistics.fmean(logs) + half)), rel=1e-6)
+    assert compare_commits.verdict((0.96, 1.2), 0.95) == "no slowdown"
+    assert compare_commits.verdict((0.80, 0.94), 0.95) == "slower"
+    assert compare_commits.verdict((0.90, 1.10), 0.95) == "not decided by this run"
+    assert compare_commits.ratio_interval([1.0], [2.0])[1] == (0.0, math.inf), "one round decides nothing"
+
+
 def test_end_to_end_ratios_are_paired_within_rounds():
     """The ratio of a round is taken between the runs of that round: a
     machine twice as fast in the second round changes no ratio, so equal

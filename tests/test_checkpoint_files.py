@@ -26,7 +26,7 @@ from hvd_dcasgd.errors import HvdDcasgdError, HvdDcasgdWarning
 from hvd_dcasgd.layout import ModelLayout
 from hvd_dcasgd.mpi import load_mpi
 from hvd_dcasgd.serving import save
-from hvd_dcasgd.telemetry import cut_trace, read_trace
+from hvd_dcasgd.telemetry import read_trace, truncate_trace
 
 from helpers import (PROGRAMS, TRAINING, WORKERS, Job, check_final_weights, check_history, check_resumed_sharded,
                      run_job, trace, unavailable)
@@ -79,12 +79,12 @@ def test_a_damaged_newest_checkpoint_and_a_torn_trace_line_resume_exactly_from_t
     assert status == 0, log
     assert f"checkpoint {newest} is skipped: {why}" in log, log
     assert f": moved to {folder / 'set-aside' / newest.name}" in log, log
-    assert "has a line cut short at line" in log and "dropped '{\"update\": 100000" in log, log
+    assert "has a torn line at line" in log and "dropped '{\"update\": 100000" in log, log
     resumed_from = int(older.name[11:20])
     assert f"resuming from update {resumed_from}" in log, log
     assert (folder / "set-aside" / newest.name).exists()
     records = trace(tmp_path / "trace")
-    check_history(records, 40)  # cut at the older checkpoint, the fragment gone, then continued
+    check_history(records, 40)  # truncated at the older checkpoint, the fragment gone, then continued
     check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))))
 
 
@@ -130,14 +130,14 @@ def test_a_torn_line_is_dropped_and_a_whole_record_after_it_kept(tmp_path):
     # server 0 was killed in the middle of a line; server 1 appended its whole line after the fragment
     path.write_text(json.dumps(whole[0]) + "\n" + json.dumps(whole[1]) + "\n" + '{"update": 1, "wor'
                     + json.dumps(whole[2]) + "\n" + '{"update": 2, "worker": 0, "st')
-    for read in (read_trace, lambda p: cut_trace(p, {0: 1, 1: 1})):
+    for read in (read_trace, lambda p: truncate_trace(p, {0: 1, 1: 1})):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             records = read(str(path))
-        assert records == (whole if read is read_trace else None)  # cut_trace rewrites the file
+        assert records == (whole if read is read_trace else None)  # truncate_trace rewrites the file
         said = [str(w.message) for w in caught if w.category is HvdDcasgdWarning]
-        assert any("line cut short at line 3" in m and '{"update": 1, "wor' in m for m in said), said
-        assert any("line cut short at line 4" in m and '{"update": 2, "worker": 0, "st' in m for m in said), said
+        assert any("torn line at line 3" in m and '{"update": 1, "wor' in m for m in said), said
+        assert any("torn line at line 4" in m and '{"update": 2, "worker": 0, "st' in m for m in said), said
     assert path.read_text() == "".join(json.dumps(r) + "\n" for r in whole)  # every line whole, ended
 
 

@@ -13,7 +13,7 @@ from hvd_dcasgd.compensation import (
 )
 from hvd_dcasgd.errors import HvdDcasgdValueError
 from hvd_dcasgd.simulator import RoundRobin, simulate
-from hvd_dcasgd.update import FOREACH, FUSED, REFERENCE, default_update_path
+from hvd_dcasgd.update import FOREACH, FUSED, REFERENCE, default_update_path, lr_factor
 
 from helpers import (
     BATCH, WORKERS, apply_pushes, assert_same, digits_data, digits_model, fresh_server, lr_of_epoch, push_gradient,
@@ -174,8 +174,7 @@ def spy():
 
 @pytest.mark.parametrize("lr_scaling", ["none", "horovod"])
 def test_the_server_tells_a_rule_the_staleness_and_the_rates_it_applies(spy, lr_scaling):
-    comp = Compensation("spy", lr_scaling=lr_scaling)
-    server = fresh_server("sgd", comp)
+    server = fresh_server("sgd", Compensation("spy"), lr_factor=lr_factor(lr_scaling, "async", WORKERS))
     order = [0, 1, 2, 1, 0, 0, 2, 1]
     sent_at, expected = [0] * WORKERS, []
     for update, worker in enumerate(order):

@@ -120,6 +120,7 @@ def test_mpirun_np_1_trains_locally_with_a_warning(tmp_path):
         ("groups", "worker 1's model does not match the server's: its optimizer's param groups hold [3] "
                    "parameters, the server's hold [1, 1]"),
         ("schedule", "the server runs the 'async' schedule but worker 1 asks for 'sync'"),
+        ("lr_scaling", "the server applies lr_scaling 'none' but worker 1 asks for 'horovod'"),
     ],
 )
 @pytest.mark.mpi

@@ -23,7 +23,7 @@ BUCKETS = {"HVD_DCASGD_FUSION_THRESHOLD": "64"}
 WHOLE = {"HVD_DCASGD_FUSION_THRESHOLD": "0"}
 
 
-def test_buckets_are_runs_of_parameters_cut_from_the_end():
+def test_buckets_are_runs_of_parameters_split_from_the_end():
     assert buckets([10, 20, 30, 40], 0) == [(0, 4)]  # no threshold: one bucket, sent by step()
     assert buckets([10, 20, 30, 40], 50) == [(0, 1), (1, 3), (3, 4)]  # 40; 30 + 20; 10
     assert buckets([10, 20, 30, 40], 60) == [(0, 3), (3, 4)]  # from the end: 40 alone (+30 > 60); 30 + 20 + 10

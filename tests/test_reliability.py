@@ -196,7 +196,7 @@ def test_sigkill_then_the_same_command_resumes_from_the_periodic_checkpoint(tmp_
     status, log = run_job(tmp_path, *TRAINING, env=env, log="log2")
     assert status == 0, log
     assert f"resuming from update {newest}" in log, log
-    records = trace(tmp_path / "trace")  # cut at the checkpoint, then continued
+    records = trace(tmp_path / "trace")  # truncated at the checkpoint, then continued
     check_history(records, 40)
     check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))))
 
@@ -226,13 +226,13 @@ def test_a_checkpoint_killed_half_written_leaves_the_previous_one(tmp_path):
 def test_a_checkpoint_saved_by_the_script_is_one_moment_of_the_server(tmp_path):
     """``optimizer.state_dict()`` on a worker while training: the server's
     optimizer state and, in the model, the weights of the same update."""
-    args = ["--steps", 12, "--compensation", "adaptive", "--momentum", 0.9, "--snapshot-at", 6]
+    args = ["--steps", 12, "--compensation", "adaptive", "--momentum", 0.9, "--save-at", 6]
     status, log = run_job(tmp_path, *args, env={"HVD_DCASGD_TRACE": str(tmp_path / "trace")})
     assert status == 0, log
     records = trace(tmp_path / "trace")
     assert sum("sent" in r for r in records) == 1
     check_history(records, 12)
-    saved = torch.load(tmp_path / "snapshot.pt", weights_only=True)
+    saved = torch.load(tmp_path / "saved.pt", weights_only=True)
     seen = []
 
     def compare(weights, optimizer):
@@ -254,7 +254,7 @@ def test_resuming_with_another_number_of_workers_or_model_is_refused(tmp_path):
     assert "saved by a job with 3 workers and this one has 2" in log, log
     status, log = run_job(tmp_path, "--steps", 3, "--big", 5, env=env, log="log3")
     assert status != 0
-    assert "was saved by a server with buffers" in log and "checkpoint-" in log, log
+    assert "was saved by a server with untrained_state" in log and "checkpoint-" in log, log
 
 
 @pytest.mark.parametrize("schedule", ["async", "sync"])

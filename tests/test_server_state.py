@@ -9,7 +9,7 @@ import torch
 
 from hvd_dcasgd.compensation import COMPENSATIONS, GLOBAL, Compensation, CompensationRule, register_compensation
 from hvd_dcasgd.errors import HvdDcasgdValueError
-from hvd_dcasgd.update import FUSED_SGD
+from hvd_dcasgd.update import FUSED_SGD, lr_factor
 
 from helpers import WORKERS, apply_pushes, assert_same, fresh_server, push_gradient
 
@@ -72,6 +72,32 @@ def test_a_state_that_does_not_fit_changes_nothing(change, message):
     with pytest.raises(HvdDcasgdValueError, match=message):
         server.load_state_dict(state)
     assert_same(server.state_dict(), before)
+
+
+@pytest.mark.parametrize("lr_scaling", ["none", "horovod"])
+def test_a_state_saved_under_the_earlier_names_loads(lr_scaling):
+    """Files written before kept the untrained state under "extras" (its
+    names under "buffers" in the settings) and lr_scaling in the
+    compensation's settings; they load, and a server of another rate factor
+    still refuses them."""
+    comp = Compensation("adaptive")
+    factor = lr_factor(lr_scaling, "async", WORKERS)
+    original = fresh_server("sgd-momentum-wd", comp, untrained_state={"count": torch.arange(3.0)}, lr_factor=factor)
+    apply_pushes(original, range(4))
+    state = original.state_dict()
+    state["extras"] = state.pop("untrained_state")
+    settings = state["settings"]
+    settings["buffers"] = settings.pop("untrained_state")
+    del settings["lr_factor"]
+    settings["compensation"]["lr_scaling"] = lr_scaling
+    resumed = fresh_server("sgd-momentum-wd", comp, seed=7, untrained_state={"count": torch.zeros(3)},
+                           lr_factor=factor)
+    resumed.load_state_dict(state)
+    assert_same(resumed.state_dict(), original.state_dict())
+    other = lr_factor("none" if lr_scaling == "horovod" else "horovod", "async", WORKERS)
+    refusing = fresh_server("sgd-momentum-wd", comp, untrained_state={"count": torch.zeros(3)}, lr_factor=other)
+    with pytest.raises(HvdDcasgdValueError, match="lr_factor"):
+        refusing.load_state_dict(state)
 
 
 @pytest.fixture

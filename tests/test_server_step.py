@@ -11,7 +11,7 @@ from hvd_dcasgd.compensation import Compensation
 from hvd_dcasgd.endpoints import open_server
 from hvd_dcasgd.layout import ModelLayout
 from hvd_dcasgd.mpi import load_mpi
-from hvd_dcasgd.update import FOREACH, FUSED, FUSED_SGD, REFERENCE, is_sgd
+from hvd_dcasgd.update import FOREACH, FUSED, FUSED_SGD, REFERENCE, is_sgd, lr_factor
 
 from helpers import OPTIMIZERS, WORKERS, Net, paper_compensation, param_groups, push_gradient, reference_step, server_and_reference
 
@@ -233,8 +233,9 @@ def test_horovod_lr_scaling_applies_each_asynchronous_gradient_at_lr_over_size(s
     model = Net()
     optimizer = torch.optim.SGD(param_groups(model), lr=0.3)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
-    comp = Compensation("none", schedule=schedule, lr_scaling="horovod")
-    server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS)
+    comp = Compensation("none", schedule=schedule)
+    server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS,
+                         lr_factor=lr_factor("horovod", schedule, WORKERS))
     before = server.weights.clone()
     gradients = [push_gradient(server, m, seed=m, lrs=[0.3, 0.6]) for m in range(WORKERS)]
     n1 = sum(p.numel() for p in model.fc1.parameters())

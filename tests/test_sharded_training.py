@@ -98,14 +98,14 @@ def test_restores_and_optimizer_state_on_several_servers_are_those_of_one(tmp_pa
     slice; the optimizer state a worker saves mid-training is the servers'
     put together: with one worker, both are bit for bit those of one server."""
     extra = ["--compensation", "adaptive", "--steps", STEPS, "--optimizer", optimizer, "--momentum", "0.9",
-             "--restore", "--snapshot-at", 4]
+             "--restore", "--save-at", 4]
     if optimizer == "adam":
         extra = [x for x in extra if x not in ("--momentum", "0.9")]
     _, _, one, _ = _train(tmp_path / "one", 1, *extra, workers=1)
     _, _, several, servers_final = _train(tmp_path / "several", 3, *extra, workers=1)
     assert torch.equal(flat_ab(several[0]), flat_ab(one[0]))
     assert all(torch.equal(flat_ab(state), flat_ab(one[0])) for state in servers_final)
-    saved = [torch.load(tmp_path / run / "snapshot.pt") for run in ("one", "several")]
+    saved = [torch.load(tmp_path / run / "saved.pt") for run in ("one", "several")]
     assert torch.equal(flat_ab(saved[1]["model"]), flat_ab(saved[0]["model"]))
     states = [s["optimizer"]["state"] for s in saved]
     assert sorted(states[1]) == sorted(states[0]) == [0, 1]

@@ -25,7 +25,7 @@ def test_one_server_holds_everything():
     assert partition([0, 3, 10], 1, whole_tensors=True) == [(0, 10)]
 
 
-def test_cuts_stay_on_parameter_boundaries_when_that_keeps_the_balance():
+def test_bounds_stay_on_parameter_boundaries_when_that_keeps_the_balance():
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(12)])  # 24 parameters, 49,920 elements
     layout = ModelLayout.of(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters())
     slices = partition(layout.offsets, 3)
@@ -34,14 +34,14 @@ def test_cuts_stay_on_parameter_boundaries_when_that_keeps_the_balance():
     assert all(abs((end - start) - share) <= TOLERANCE * share for start, end in slices), slices
 
 
-def test_one_large_parameter_is_cut_inside_at_an_even_aligned_share():
+def test_one_large_parameter_is_split_inside_at_an_even_aligned_share():
     assert partition([0, 1_000_000], 2) == [(0, 500_000), (500_000, 1_000_000)]
     slices = partition([0, 10, 1_000_000], 3)  # the boundary at 10 is far from every even share
     assert [start % ALIGN_ELEMENTS for start, _ in slices] == [0, 0, 0]
     assert all(abs((end - start) - 1_000_000 / 3) <= ALIGN_ELEMENTS for start, end in slices), slices
 
 
-def test_whole_tensors_cut_only_between_parameters_even_unbalanced():
+def test_whole_tensors_split_only_between_parameters_even_unbalanced():
     assert partition([0, 10, 1_000_000], 2, whole_tensors=True) == [(0, 10), (10, 1_000_000)]
     assert partition([0, 100, 101, 102], 3, whole_tensors=True) == [(0, 100), (100, 101), (101, 102)]
     with pytest.raises(HvdDcasgdValueError, match="2 parameters cannot be split whole into 3 non-empty slices; use fewer servers"):
@@ -75,7 +75,7 @@ def test_every_partition_covers_the_vector_in_order_and_is_balanced(seed):
             assert all(abs((b - a) - share) <= TOLERANCE * share + ALIGN_ELEMENTS for a, b in slices), slices
 
 
-def test_which_optimizers_are_exact_under_any_cut():
+def test_which_optimizers_are_exact_under_any_partition():
     params = [torch.nn.Parameter(torch.zeros(3))]
     assert is_elementwise(torch.optim.SGD(params, lr=0.1)) and is_elementwise(torch.optim.Adam(params))
 
@@ -114,14 +114,14 @@ def test_a_slice_is_whole_parameters_and_flat_parts_with_every_group():
                                         (torch.optim.Adam, {"weight_decay": 0.01}),
                                         (torch.optim.RMSprop, {"momentum": 0.5})])
 def test_optimizers_over_the_slices_step_exactly_as_the_whole_one(cls, kwargs):
-    """Element-wise optimizers: each slice's optimizer (its state cut from
+    """Element-wise optimizers: each slice's optimizer (its state split from
     the whole one's) steps its elements exactly as the whole optimizer does,
     and the slices' states put together are the whole one's."""
     from hvd_dcasgd.shards import merge_states, shard_layout, shard_optimizer
 
     model, optimizer, layout = _model_and_optimizer(cls, **kwargs)
     params = list(model.parameters())
-    for p in params:  # one step first, so there is state to cut
+    for p in params:  # one step first, so there is state to split
         p.grad = torch.randn_like(p)
     optimizer.step()
     slices = [(0, 32), (32, 47), (47, layout.numel)]
@@ -141,9 +141,9 @@ def test_optimizers_over_the_slices_step_exactly_as_the_whole_one(cls, kwargs):
         p.grad = g
     optimizer.step()
     whole = torch.cat([p.detach().reshape(-1) for p in params])
-    cut = torch.cat([torch.cat([t.detach().reshape(-1) for group in s.param_groups for t in group["params"]])
-                     for _, s in servers])
-    assert torch.equal(cut, whole)
+    split = torch.cat([torch.cat([t.detach().reshape(-1) for group in s.param_groups for t in group["params"]])
+                       for _, s in servers])
+    assert torch.equal(split, whole)
     merged = merge_states([s.state_dict() for _, s in servers], layout, [p for p, _ in servers])
     expected = optimizer.state_dict()
     assert merged["param_groups"] == expected["param_groups"]

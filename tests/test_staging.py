@@ -35,7 +35,7 @@ def test_the_pipeline_copies_in_the_next_chunk_while_updating_this_one_and_copyi
     assert all(issued[before] < issued[(lane, k)] for lane, k, after in lanes.log for before in after)
 
 
-def test_an_update_that_cannot_be_cut_runs_once_between_every_copy_in_and_every_copy_out():
+def test_an_update_that_cannot_be_split_runs_once_between_every_copy_in_and_every_copy_out():
     lanes, updates = RecordedLanes(), []
     pipeline(2, lambda k: None, updates.append, lambda k: None, lanes, chunked_update=False)
     assert lanes.log == [(IN, 0, []), (IN, 1, []), (UPDATE, 0, [(IN, 0), (IN, 1)]),
@@ -106,13 +106,13 @@ def _servers_weights(staged, mode, make_optimizer, wire, pushes=10, workers=3):
 @pytest.mark.parametrize("wire", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_a_staged_sgd_server_pipelines_its_update_and_gives_the_window_servers_weights(mode, name, make, wire):
     """The staged server (the GPU server's code, the CPU as its device) runs
-    the C kernel's arithmetic chunk by chunk (8 chunks, cut across the two
+    the C kernel's arithmetic chunk by chunk (8 chunks, split across the two
     param groups) in torch operations, pipelined with its copies."""
     staged, staged_weights, staged_state = _servers_weights(True, mode, make, wire)
     window, window_weights, window_state = _servers_weights(False, mode, make, wire)
     assert staged.pipelined is not None, staged.pipelined_why
     assert window.pipelined is None and window.update.path == "fused_sgd"
-    assert len(staged.staging.parts) == 8 and staged.staging.parts[1].start < 300 * 200  # a cut inside group 0
+    assert len(staged.staging.parts) == 8 and staged.staging.parts[1].start < 300 * 200  # a chunk boundary inside group 0
     assert torch.allclose(staged_weights, window_weights, rtol=0, atol=1e-6)
     for p, q in zip(staged_state["state"].values(), window_state["state"].values()):  # the momentum buffers
         assert torch.allclose(p["momentum_buffer"], q["momentum_buffer"], rtol=0, atol=1e-5)

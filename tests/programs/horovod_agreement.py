@@ -134,6 +134,6 @@ if method == "horovod":  # synchronous: every worker holds the same weights
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).unsqueeze(0)
     gathered = hvd.allgather(flat)
     assert torch.equal(gathered.min(0).values, gathered.max(0).values), "Horovod's workers diverged"
-# a short record, one write: MPI's forwarding may cut a long line and interleave ranks
+# a short record, one write: MPI's forwarding may split a long line and interleave ranks
 sys.stdout.write("AGREE " + json.dumps({"rank": results["rank"], "answers": len(results)}) + "\n")
 sys.stdout.flush()

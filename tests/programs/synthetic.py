@@ -85,11 +85,12 @@ def parse_args(argv=None):
     parser.add_argument("--after-shutdown", action="store_true", help="try to step after shutdown")
     parser.add_argument("--out", default=None, help="folder for final weights and a start report")
     parser.add_argument("--bad", default=None, choices=["shape", "name", "dtype", "mode", "lambda", "compression",
-                                                        "groups", "schedule", "nan", "nan-skip", "fp16-overflow",
-                                                        "nan-lr", "negative-lr", "nan-unchecked", "stall", "hang",
+                                                        "groups", "schedule", "lr_scaling", "nan", "nan-skip",
+                                                        "fp16-overflow", "nan-lr", "negative-lr", "nan-unchecked",
+                                                        "stall", "hang",
                                                         "exit-early", "exit-early-status", "raise-early",
                                                         "thread", "atexit-raise", "server-raise", "diverge"])
-    parser.add_argument("--snapshot-at", type=int, default=None, help="worker 0 saves model and optimizer then")
+    parser.add_argument("--save-at", type=int, default=None, help="worker 0 saves model and optimizer then")
     parser.add_argument("--restarted-steps", type=int, default=None,
                         help="once SLURM has restarted the job (SLURM_RESTART_COUNT), this many steps more")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a slow model)")
@@ -137,7 +138,7 @@ def main():
         compensation="constant" if args.bad == "mode" and world_rank == 1 else args.compensation,
         lambda_0=0.5 if args.bad == "lambda" and odd else None,
         schedule="sync" if args.bad == "schedule" and odd else None,
-        lr_scaling=args.lr_scaling,
+        lr_scaling="horovod" if args.bad == "lr_scaling" and odd else args.lr_scaling,
         model=None if args.no_model else model,
         check_finite=args.bad != "nan-unchecked",
     )
@@ -191,9 +192,9 @@ def main():
             if args.bad not in ("nan-skip", "diverge"):  # diverged weights: every later gradient is NaN
                 raise
             skipped += 1
-        if args.snapshot_at == k and hvd.rank() == 0:  # a checkpoint saved by the script, Horovod's way
+        if args.save_at == k and hvd.rank() == 0:  # a checkpoint saved by the script, Horovod's way
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-            torch.save(state, os.path.join(args.out, "snapshot.pt"))
+            torch.save(state, os.path.join(args.out, "saved.pt"))
         if scheduler is not None:
             scheduler.step()
         model.batches += 1

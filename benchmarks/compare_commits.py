@@ -1,0 +1,163 @@
+"""Whether this tree is slower than an earlier commit, in same-run ratios.
+
+The earlier commit (``--base REV``; by default the parent of the commit that
+made the server's algorithm and its serving two modules, the start of that
+restructuring) is checked out into a temporary git worktree.  Then, round by
+round, each mode of ``benchmarks/bench_end_to_end.py`` runs once from each
+tree (its ``--run`` entry point under mpirun, the server's end-of-run figures
+read from ``HVD_DCASGD_SUMMARY``), back to back, the order of the two trees
+alternating between rounds.  The machine's load drifts between rounds, so
+each round gives one ratio of the server's updates/s, this tree over the
+earlier one; per mode the script prints their geometric mean with the 95% t
+interval of the mean of their logarithms (``scipy.stats``), and a verdict
+against a tolerance (``--tolerance``, 0.95 by default):
+
+* ``no slowdown``: the whole interval lies at or above the tolerance;
+* ``slower``: the whole interval lies below it;
+* ``not decided by this run``: the interval holds the tolerance (more rounds
+  narrow it).
+
+Every run has the Horovod integration off (``HVD_DCASGD_HOROVOD=0``) and no
+other ``HVD_DCASGD_*`` variable from this environment, so both trees run the
+same job whatever variables either knows.
+
+    python benchmarks/compare_commits.py [--base REV] [--rounds 5] [--modes none adaptive]
+        [--workers 4] [--numel 1000000] [--steps 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from jobs import ROOT, mpirun
+
+LABELS = {"none": "ASGD", "constant": "DC-ASGD-c", "adaptive": "DC-ASGD-a", "sync": "SSGD"}
+NO_SLOWDOWN, SLOWER, UNDECIDED = "no slowdown", "slower", "not decided by this run"
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"git {' '.join(args)} failed:\n{out.stderr}")
+    return out.stdout.strip()
+
+
+def default_base() -> str:
+    """The parent of the oldest commit that added ``hvd_dcasgd/serving.py``."""
+    added = git("log", "--diff-filter=A", "--format=%H", "--", "hvd_dcasgd/serving.py").splitlines()
+    if not added:
+        sys.exit("no commit adds hvd_dcasgd/serving.py here: name the earlier commit with --base REV")
+    return git("rev-parse", f"{added[-1]}^")
+
+
+def run_once(tree: Path, mode: str, args: argparse.Namespace) -> float:
+    """One mpirun of ``mode`` from ``tree``: the server's updates/s."""
+    with tempfile.TemporaryDirectory() as scratch:
+        summary = Path(scratch) / "summary.json"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_DCASGD_")}
+        env.update(PYTHONPATH=str(tree), HVD_DCASGD_HOROVOD="0", HVD_DCASGD_SUMMARY=str(summary))
+        cmd = mpirun(args.workers + 1, str(tree / "benchmarks" / "bench_end_to_end.py"), "--run", mode,
+                     "--numel", args.numel, "--steps", args.steps)
+        try:
+            out = subprocess.run([str(c) for c in cmd], cwd=tree, env=env, capture_output=True, text=True,
+                                 timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            sys.exit(f"{mode} from {tree} took over {args.timeout:g} s")
+        if out.returncode != 0 or not summary.exists():
+            sys.exit(f"{mode} from {tree} failed (status {out.returncode}):\n{out.stdout}\n{out.stderr}")
+        return float(json.loads(summary.read_text())["updates_per_s"])
+
+
+def ratio_interval(new: Sequence[float], base: Sequence[float],
+                   level: float = 0.95) -> Tuple[float, Tuple[float, float]]:
+    """The geometric mean of the per-round ratios ``new / base`` and the
+    ``level`` t interval of the mean of their logarithms, back on the ratio
+    scale (a ratio and its inverse are equally far from 1).  With one round
+    the interval is unbounded."""
+    from scipy import stats
+
+    logs = [math.log(n / b) for n, b in zip(new, base)]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), (0.0, math.inf)
+    half = stats.t.ppf(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), (math.exp(mean - half), math.exp(mean + half))
+
+
+def verdict(interval: Tuple[float, float], tolerance: float) -> str:
+    """``no slowdown`` when the interval lies at or above ``tolerance``,
+    ``slower`` when it lies below, else ``not decided by this run``."""
+    low, high = interval
+    if low >= tolerance:
+        return NO_SLOWDOWN
+    if high < tolerance:
+        return SLOWER
+    return UNDECIDED
+
+
+def compare(base_tree: Path, new_tree: Path, args: argparse.Namespace) -> Dict[str, Dict[str, List[float]]]:
+    """Rounds of every mode from both trees, paired by round; the order of
+    the two trees alternates from one round to the next."""
+    rates: Dict[str, Dict[str, List[float]]] = {m: {"base": [], "new": []} for m in args.modes}
+    trees = [("base", base_tree), ("new", new_tree)]
+    for r in range(args.rounds):
+        for mode in args.modes:
+            for name, tree in (trees if r % 2 == 0 else trees[::-1]):
+                rates[mode][name].append(run_once(tree, mode, args))
+        print(f"round {r + 1}: " + "  ".join(
+            f"{LABELS[m]} base {rates[m]['base'][-1]:.1f}, new {rates[m]['new'][-1]:.1f} updates/s"
+            for m in args.modes), flush=True)
+    return rates
+
+
+def report(rates: Dict[str, Dict[str, List[float]]], tolerance: float) -> List[str]:
+    lines = []
+    for mode, runs in rates.items():
+        ratios = [n / b for n, b in zip(runs["new"], runs["base"])]
+        mean, (low, high) = ratio_interval(runs["new"], runs["base"])
+        lines.append(f"{LABELS[mode]} ({mode}): new/base updates/s {mean:.3f}, 95% interval [{low:.3f}, {high:.3f}] "
+                     f"over {len(ratios)} rounds (ratios {', '.join(f'{x:.3f}' for x in ratios)}); "
+                     f"tolerance {tolerance:.2f}: {verdict((low, high), tolerance)}")
+    return lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", help="the earlier commit (default: the parent of the oldest commit that added "
+                        "hvd_dcasgd/serving.py)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--modes", nargs="+", default=["none", "adaptive"], choices=sorted(LABELS))
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--numel", type=int, default=1_000_000)
+    parser.add_argument("--steps", type=int, default=200, help="pushes per worker in each run")
+    parser.add_argument("--tolerance", type=float, default=0.95, help="the ratio below which the tree is slower")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds for each mpirun")
+    args = parser.parse_args(argv)
+    base = git("rev-parse", "--verify", f"{args.base or default_base()}^{{commit}}")
+    head = git("rev-parse", "--short", "HEAD")
+    dirty = " with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    with tempfile.TemporaryDirectory(prefix="compare-") as scratch:
+        base_tree = Path(scratch) / "base"
+        git("worktree", "add", "--detach", str(base_tree), base)
+        try:
+            print(f"base {base[:7]} ({base_tree}) against this tree, {head}{dirty} ({ROOT}): {args.workers} workers, "
+                  f"{args.numel / 1e6:g}M float32 parameters, {args.steps} pushes per worker, {args.rounds} rounds, "
+                  f"{os.cpu_count()} cores", flush=True)
+            rates = compare(base_tree, ROOT, args)
+        finally:
+            git("worktree", "remove", "--force", str(base_tree))
+    for line in report(rates, args.tolerance):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -84,22 +84,24 @@ esac
 # preemption by SLURM: SIGTERM to this script and to every rank at once),
 # reaches srun or mpirun as USR1, which both send on to every rank at once.
 # The ranks stop after their current step, the server saves a checkpoint, and
-# the job exits with status 75 (preempted).  The job requeues itself only
-# when its time ran out: after the advance signal, or a SIGTERM at or past
-# its time limit.  A cancelled job stays cancelled (submit it again to
-# resume); SLURM requeues a job it requeues itself (scontrol requeue).
-ranks="" stopping="" requeue=""
+# the job exits with status 75 (preempted), and requeues itself -- unless
+# this script got a SIGTERM or SIGINT before the job's time limit: a
+# cancelled job stays cancelled (submit it again to resume), and a job that
+# SLURM requeues (scontrol requeue, preemption) is requeued by SLURM.  The
+# advance signal (to this script, or to the ranks only without "B:") and
+# the time limit's own SIGTERM requeue it.
+ranks="" stopping="" cancelled=""
 # Where the stop was asked, to find the checkpoints written since.
 ASKED="$HVD_DCASGD_CHECKPOINT_DIR/.stop-asked"
 # The time limit, read now (a cancel moves the job's end time to its own).
 END_TIME=""
 if [ -n "${SLURM_JOB_ID:-}" ]; then
-    END_TIME="$(date -d "$(squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null)" +%s 2>/dev/null || true)"
+    end="$(timeout 10 squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null || true)"
+    if [[ "$end" =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]+$ ]]; then END_TIME="$(date -d "$end" +%s)"; fi
 fi
 stop() {
     case "$1" in
-        USR1) requeue=1 ;;
-        *) if [ -n "$END_TIME" ] && [ "$(date +%s)" -ge "$((END_TIME - 2))" ]; then requeue=1; fi ;;
+        TERM|INT) if [ -z "$END_TIME" ] || [ "$(date +%s)" -lt "$((END_TIME - 2))" ]; then cancelled=1; fi ;;
     esac
     if [ -z "$stopping" ]; then mkdir -p "$HVD_DCASGD_CHECKPOINT_DIR" && touch "$ASKED" || true; fi
     stopping=1
@@ -127,11 +129,11 @@ if [ -n "$stopping" ] && [ "$status" -ne 0 ] && [ "$status" -ne 75 ] && [ -f "$A
 fi
 rm -f "$ASKED"
 if [ "$status" -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-    if [ -n "$requeue" ]; then
-        echo "$NAME: the job reached its time limit and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; requeueing job $SLURM_JOB_ID, which resumes from it."
+    if [ -z "$cancelled" ]; then
+        echo "$NAME: the job was stopped and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; requeueing job $SLURM_JOB_ID, which resumes from it."
         scontrol requeue "$SLURM_JOB_ID" || echo "$NAME: scontrol requeue $SLURM_JOB_ID failed: submit the job again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR to resume." >&2
     else
-        echo "$NAME: the job was stopped (cancelled, or requeued by SLURM) and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; a requeued job, or the job submitted again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR, resumes from it."
+        echo "$NAME: the job was stopped before its time limit (cancelled, or requeued by SLURM) and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; a requeued job, or the job submitted again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR, resumes from it."
     fi
 fi
 exit "$status"

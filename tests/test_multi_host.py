@@ -293,6 +293,7 @@ def test_multi_node_sbatch_on_two_nodes_stops_with_a_checkpoint_and_resumes_exac
         # SLURM holds a requeued job for about two minutes: once it is pending, let it start now
         # (scontrol's name for the begin time is StartTime; it can be set only on a pending job)
         until(slurm, job_id, output, lambda: job_state(slurm, job_id).get("JobState") == "PENDING", "was requeued")
+        time.sleep(10)  # what is left of its previous run on the nodes is gone by then (else a step can fail to launch)
         assert slurm_command(slurm, "scontrol", "update", f"JobId={job_id}", "StartTime=now").returncode == 0
         stopped = re.search(r"stopped at update (\d+), asked by SIGUSR1", read(output))
         assert stopped, read(output)[-4000:]

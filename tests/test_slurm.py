@@ -31,8 +31,8 @@ import synthetic  # noqa: E402
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 CLUSTER = ROOT / "slurm" / "local_cluster.sh"
-#: How long a job may take, from submission to its end, on 2 busy cores.
-JOB_DEADLINE = 300
+#: How long a job may take, from submission (or a requeue) to its end, on 2 busy cores.
+JOB_DEADLINE = 400
 #: SLURM's job states after which nothing more happens.
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                 "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
@@ -139,24 +139,6 @@ def finished(name, jobs, env):
                 f"{JOB_DEADLINE} s: cancelled\n{_read(output)[-4000:]}")
 
 
-@pytest.mark.parametrize("name, launcher, servers, workers", [
-    ("one_node", "srun", 1, 4), ("multi_node", "mpirun", 1, 2), ("two_servers", "srun", 2, 2)])
-def test_batch_script_trains_digits(name, launcher, servers, workers, jobs, slurm_env):
-    state, exit_code, output = finished(name, jobs, slurm_env)
-    assert (state, exit_code) == ("COMPLETED", "0:0"), output[-4000:]
-    assert f"{servers} server(s) + {workers} workers on" in output and f", {launcher}: " in output, output[-4000:]
-    found = ACCURACY.search(output)
-    assert found, output[-4000:]
-    assert int(found.group(2)) == workers
-    assert float(found.group(1)) > 0.85, output[-4000:]
-
-
-def test_failing_rank_fails_the_job(jobs, slurm_env):
-    state, exit_code, output = finished("failing", jobs, slurm_env)
-    assert state == "FAILED" and exit_code != "0:0", output[-4000:]
-    assert "no_such_script.py" in output, output[-4000:]
-
-
 def _wait_for(text, name, jobs, env):
     job_id, output, submitted = jobs[name]
     while time.monotonic() - submitted < JOB_DEADLINE:
@@ -167,42 +149,25 @@ def _wait_for(text, name, jobs, env):
     pytest.fail(f"SLURM job {job_id} ({name}) never printed {text!r}: cancelled\n{_read(output)[-4000:]}")
 
 
-def test_a_job_stopped_by_slurms_advance_signal_is_requeued_and_resumes(jobs, slurm_env):
-    """What ``--signal=B:USR1@60`` does before the time limit: USR1 to the
-    batch script only.  The job stops with a checkpoint, requeues itself,
-    and the same job, run again, resumes from it and completes.  (Its first
-    run would train for ever: it ends only by being stopped.)"""
-    job_id, output, _ = jobs["preempted"]
-    _wait_for("worker 1 starts at step 0", "preempted", jobs, slurm_env)
-    time.sleep(2)
-    signalled = _command(["scancel", "--batch", "--signal=USR1", job_id], slurm_env, timeout=20)
-    assert signalled is not None and signalled.returncode == 0, signalled and signalled.stdout
-    _wait_for(f"requeueing job {job_id}", "preempted", jobs, slurm_env)
-    released("preempted", jobs, slurm_env)
-    requeued = {"preempted": (job_id, output, time.monotonic())}  # its second run's deadline starts now
-    state, exit_code, text = finished("preempted", requeued, slurm_env)
-    assert (state, exit_code) == ("COMPLETED", "0:0"), text[-4000:]
-    stopped = re.search(r"stopped at update (\d+), asked by SIGUSR1", text)
-    assert stopped, text[-4000:]
-    assert f"resuming from update {stopped.group(1)}" in text, text[-4000:]
-    resumed = text[text.index("resuming from update"):]
-    # each worker starts where the server had taken its pushes, and does 20 more
-    starts = [int(re.search(rf"worker {m} starts at step (\d+)", resumed).group(1)) for m in range(2)]
-    assert sum(starts) == int(stopped.group(1)), text[-4000:]
-    assert all(f"worker {m} done: {starts[m] + 20} steps" in resumed for m in range(2)), text[-4000:]
-
-
 def _state(job_id, env):
     return _job_fields(job_id, env).get("JobState")
 
 
+#: Seconds a requeued job is left pending before it is let start: what is left
+#: of its previous run on the node (its step's daemon, srun's PMIx files) is
+#: gone by then; a job let start at once can fail to launch its step.
+REQUEUE_PAUSE = 10
+
+
 def released(name, jobs, env):
-    """Once the requeued job is pending, let it start now (SLURM holds a
+    """Once the requeued job is pending, let it start (SLURM holds a
     requeued job for about two minutes; scontrol's name for the begin time is
     ``StartTime``, and it can be set only once the job is pending)."""
-    job_id, output, submitted = jobs[name]
-    while time.monotonic() - submitted < JOB_DEADLINE:
+    job_id, output, _ = jobs[name]
+    deadline = time.monotonic() + JOB_DEADLINE
+    while time.monotonic() < deadline:
         if _state(job_id, env) == "PENDING":
+            time.sleep(REQUEUE_PAUSE)
             started = _command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env, timeout=20)
             assert started is not None and started.returncode == 0, started and started.stdout
             return
@@ -250,6 +215,10 @@ def submitted_again(name, jobs, env, out):
     return finished(name, again, env)
 
 
+# The stop tests come first: each acts on its job as soon as it trains (the
+# jobs were all submitted at once), before SLURM's own advance signal would.
+
+
 def test_a_plain_scancel_stops_with_a_checkpoint_and_the_job_submitted_again_resumes_exactly(jobs, slurm_env):
     """``scancel JOBID``: SIGTERM to every process of the job (the ranks and
     the batch script) at once.  The job saves a checkpoint and stays
@@ -267,6 +236,49 @@ def test_a_plain_scancel_stops_with_a_checkpoint_and_the_job_submitted_again_res
     state, exit_code, text = submitted_again("cancelled", jobs, slurm_env, out)
     assert (state, exit_code) == ("COMPLETED", "0:0"), text[-4000:]
     check_resumed_exactly(out, text, stopped)
+
+
+def test_scontrol_requeue_stops_with_a_checkpoint_and_the_requeued_job_resumes_exactly(jobs, slurm_env):
+    """``scontrol requeue JOBID`` of a running job: SLURM stops it (SIGTERM
+    to every process) and requeues it; its next run resumes from the
+    checkpoint the stop saved."""
+    job_id, output, _ = jobs["requeued"]
+    out = output.parent / "requeued"
+    _wait_for("worker 1 starts at step 0", "requeued", jobs, slurm_env)
+    time.sleep(1)
+    requeued = _command(["scontrol", "requeue", job_id], slurm_env, timeout=20)
+    assert requeued is not None and requeued.returncode == 0, requeued and requeued.stdout
+    released("requeued", jobs, slurm_env)
+    stopped = stopped_and_saved(_read(output), out)
+    state, exit_code, text = finished("requeued", {"requeued": (job_id, output, time.monotonic())}, slurm_env)
+    assert (state, exit_code) == ("COMPLETED", "0:0"), text[-4000:]
+    assert "requeueing" not in text and _job_fields(job_id, slurm_env).get("Restarts") == "1", text[-4000:]
+    check_resumed_exactly(out, text, stopped)
+
+
+def test_a_job_stopped_by_slurms_advance_signal_is_requeued_and_resumes(jobs, slurm_env):
+    """What ``--signal=B:USR1@60`` does before the time limit: USR1 to the
+    batch script only.  The job stops with a checkpoint, requeues itself,
+    and the same job, run again, resumes from it and completes.  (Its first
+    run would train for ever: it ends only by being stopped.)"""
+    job_id, output, _ = jobs["preempted"]
+    _wait_for("worker 1 starts at step 0", "preempted", jobs, slurm_env)
+    time.sleep(2)
+    signalled = _command(["scancel", "--batch", "--signal=USR1", job_id], slurm_env, timeout=20)
+    assert signalled is not None and signalled.returncode == 0, signalled and signalled.stdout
+    _wait_for(f"requeueing job {job_id}", "preempted", jobs, slurm_env)
+    released("preempted", jobs, slurm_env)
+    requeued = {"preempted": (job_id, output, time.monotonic())}  # its second run's deadline starts now
+    state, exit_code, text = finished("preempted", requeued, slurm_env)
+    assert (state, exit_code) == ("COMPLETED", "0:0"), text[-4000:]
+    stopped = re.search(r"stopped at update (\d+), asked by SIGUSR1", text)
+    assert stopped, text[-4000:]
+    assert f"resuming from update {stopped.group(1)}" in text, text[-4000:]
+    resumed = text[text.index("resuming from update"):]
+    # each worker starts where the server had taken its pushes, and does 20 more
+    starts = [int(re.search(rf"worker {m} starts at step (\d+)", resumed).group(1)) for m in range(2)]
+    assert sum(starts) == int(stopped.group(1)), text[-4000:]
+    assert all(f"worker {m} done: {starts[m] + 20} steps" in resumed for m in range(2)), text[-4000:]
 
 
 def test_a_job_at_its_time_limit_stops_with_a_checkpoint_requeues_itself_and_resumes_exactly(jobs, slurm_env):
@@ -287,19 +299,19 @@ def test_a_job_at_its_time_limit_stops_with_a_checkpoint_requeues_itself_and_res
     check_resumed_exactly(out, text, stopped)
 
 
-def test_scontrol_requeue_stops_with_a_checkpoint_and_the_requeued_job_resumes_exactly(jobs, slurm_env):
-    """``scontrol requeue JOBID`` of a running job: SLURM stops it (SIGTERM
-    to every process) and requeues it; its next run resumes from the
-    checkpoint the stop saved."""
-    job_id, output, _ = jobs["requeued"]
-    out = output.parent / "requeued"
-    _wait_for("worker 1 starts at step 0", "requeued", jobs, slurm_env)
-    time.sleep(1)
-    requeued = _command(["scontrol", "requeue", job_id], slurm_env, timeout=20)
-    assert requeued is not None and requeued.returncode == 0, requeued and requeued.stdout
-    released("requeued", jobs, slurm_env)
-    stopped = stopped_and_saved(_read(output), out)
-    state, exit_code, text = finished("requeued", {"requeued": (job_id, output, time.monotonic())}, slurm_env)
-    assert (state, exit_code) == ("COMPLETED", "0:0"), text[-4000:]
-    assert "requeueing" not in text and _job_fields(job_id, slurm_env).get("Restarts") == "1", text[-4000:]
-    check_resumed_exactly(out, text, stopped)
+@pytest.mark.parametrize("name, launcher, servers, workers", [
+    ("one_node", "srun", 1, 4), ("multi_node", "mpirun", 1, 2), ("two_servers", "srun", 2, 2)])
+def test_batch_script_trains_digits(name, launcher, servers, workers, jobs, slurm_env):
+    state, exit_code, output = finished(name, jobs, slurm_env)
+    assert (state, exit_code) == ("COMPLETED", "0:0"), output[-4000:]
+    assert f"{servers} server(s) + {workers} workers on" in output and f", {launcher}: " in output, output[-4000:]
+    found = ACCURACY.search(output)
+    assert found, output[-4000:]
+    assert int(found.group(2)) == workers
+    assert float(found.group(1)) > 0.85, output[-4000:]
+
+
+def test_failing_rank_fails_the_job(jobs, slurm_env):
+    state, exit_code, output = finished("failing", jobs, slurm_env)
+    assert state == "FAILED" and exit_code != "0:0", output[-4000:]
+    assert "no_such_script.py" in output, output[-4000:]

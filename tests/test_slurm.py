@@ -149,10 +149,6 @@ def _wait_for(text, name, jobs, env):
     pytest.fail(f"SLURM job {job_id} ({name}) never printed {text!r}: cancelled\n{_read(output)[-4000:]}")
 
 
-def _state(job_id, env):
-    return _job_fields(job_id, env).get("JobState")
-
-
 #: Seconds a requeued job is left pending before it is let start: what is left
 #: of its previous run on the node (its step's daemon, srun's PMIx files) is
 #: gone by then; a job let start at once can fail to launch its step.
@@ -166,9 +162,14 @@ def released(name, jobs, env):
     job_id, output, _ = jobs[name]
     deadline = time.monotonic() + JOB_DEADLINE
     while time.monotonic() < deadline:
-        if _state(job_id, env) == "PENDING":
+        fields = _job_fields(job_id, env)
+        if fields.get("JobState") != "PENDING" and int(fields.get("Restarts", "0")) > 0:
+            return  # SLURM's hold is over: it started the job again itself
+        if fields.get("JobState") == "PENDING":
             time.sleep(REQUEUE_PAUSE)
             started = _command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env, timeout=20)
+            if started is not None and started.returncode != 0 and _job_fields(job_id, env).get("JobState") != "PENDING":
+                return  # its hold ended meanwhile: it started
             assert started is not None and started.returncode == 0, started and started.stdout
             return
         time.sleep(0.5)

@@ -163,7 +163,8 @@ def released(name, jobs, env):
     deadline = time.monotonic() + JOB_DEADLINE
     while time.monotonic() < deadline:
         fields = _job_fields(job_id, env)
-        if fields.get("JobState") != "PENDING" and int(fields.get("Restarts", "0")) > 0:
+        if (fields.get("JobState") == "RUNNING" or fields.get("JobState") in FINAL_STATES) \
+                and int(fields.get("Restarts", "0")) > 0:
             return  # SLURM's hold is over: it started the job again itself
         if fields.get("JobState") == "PENDING":
             time.sleep(REQUEUE_PAUSE)

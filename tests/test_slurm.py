@@ -19,7 +19,6 @@ import sys
 import time
 
 import pytest
-
 import torch
 
 from helpers import PROGRAMS, ROOT, replay_exactly, trace, unavailable

@@ -1,8 +1,10 @@
 """The push/reply protocol between workers and the server, over RMA windows.
 
-Per worker j the control window holds three words -- ``pushed`` (how many
-gradients j has published), ``replied`` (how many the server has answered) and
-``left`` (j has finished training) -- then three global words: ``stop`` (a
+Per worker j the control window holds four words -- ``pushed`` (how many
+gradients j has published), ``replied`` (how many the server has answered),
+``left`` (j has finished training) and ``waiting`` (with several servers,
+counted up about twice a second while j waits for *another* server's answer:
+j is alive and owes this server nothing yet) -- then three global words: ``stop`` (a
 rank was asked to stop: preemption), ``heartbeat`` (the server's loop counts
 it up about twice a second, so a waiting worker can tell a slow answer from a
 server that is gone; :data:`WRITING_BIT` set while it writes a checkpoint) and ``closed``, set by the server when every worker has
@@ -35,8 +37,8 @@ from .exits import SERVER_SILENT, WORKER_DROPPED
 from .stall import FROZEN_AFTER, StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .transport import Backoff, ControlWords, Mailboxes
 
-WORDS_PER_WORKER = 3
-PUSHED, REPLIED, LEFT = range(WORDS_PER_WORKER)
+WORDS_PER_WORKER = 4
+PUSHED, REPLIED, LEFT, WAITING = range(WORDS_PER_WORKER)
 GLOBAL_WORDS = 3
 STOP, HEARTBEAT, CLOSED = range(-GLOBAL_WORDS, 0)  # from the end of the window
 
@@ -76,6 +78,9 @@ class WorkerChannel:
         self._timeout = stall_timeout_seconds()
         self._beat, self._beat_seen, self._beat_read = -1, 0.0, 0.0  # the last heartbeat, when it moved, when read
         self._waiting_since: Optional[float] = None  # in a wait for the server since then
+        #: The channels to the other servers (several servers): told while this one is waited for.
+        self.peers: Sequence["WorkerChannel"] = ()
+        self._waits, self._told_at = 0, 0.0  # this worker's waiting word here, when the peers were last told
         if self._timeout is not None:
             self._start_watchdog()
 
@@ -128,7 +133,29 @@ class WorkerChannel:
                     watch = StallWatch([f"worker {self.worker}: {self._server}"], stall_warning_seconds())
                 watch.check([True], f"has not answered push {self.pushes - 1}")
                 self._check_server_alive()
+                self._tell_peers()
         self.stopping = bool(replied & STOP_BIT)
+
+    def _tell_peers(self) -> None:
+        """While this server keeps the worker waiting, count up its waiting
+        word at every other server (at most every :data:`HEARTBEAT_SECONDS`):
+        the worker owes them its next push, and is not silent."""
+        if not self.peers:
+            return
+        now = time.monotonic()
+        if now - self._told_at < HEARTBEAT_SECONDS:
+            return
+        self._told_at = now
+        for peer in self.peers:
+            peer.mark_waiting(now)
+
+    def mark_waiting(self, now: float) -> None:
+        """Count up this worker's waiting word at this channel's server.  The
+        worker waits for another server meanwhile: this one's silence does
+        not count either (its answer is in, or not yet awaited)."""
+        self._waits += 1
+        self.control.store(_word(self.worker, WAITING), self._waits)
+        self._beat_seen = max(self._beat_seen, now)
 
     def ask_to_stop(self) -> None:
         """Ask the server to stop the session (this rank was told to stop)."""
@@ -230,6 +257,9 @@ class ServerChannel:
         self.dropped = [False] * num_workers
         self.stop_asked = False  # a worker asked to stop (its STOP word)
         self._words = np.empty(control.count, dtype=np.int64)
+        self._waits = [0] * num_workers  # each worker's waiting word at the last poll
+        #: The workers whose waiting word moved at the last poll: waiting for another server, alive.
+        self.waiting: List[int] = []
         self._beats, self._beat_at = 0, 0.0
 
     def poll(self) -> Tuple[List[int], List[bool]]:
@@ -251,6 +281,12 @@ class ServerChannel:
                     raise HvdDcasgdError(f"hvd_dcasgd: protocol violation, pushes {pushed} answered {answered}")
                 if not self.dropped[j]:
                     ready.append(j)
+        waits = words[WAITING:-GLOBAL_WORDS:WORDS_PER_WORKER]
+        if waits != self._waits:
+            self.waiting = [j for j, (now, before) in enumerate(zip(waits, self._waits)) if now != before]
+            self._waits = waits
+        elif self.waiting:
+            self.waiting = []
         if ready:
             self.mailboxes.sync()
         return ready, [bool(x) or d for x, d in zip(words[LEFT:-GLOBAL_WORDS:WORDS_PER_WORKER], self.dropped)]

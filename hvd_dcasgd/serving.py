@@ -134,6 +134,8 @@ def _drop_silent(server: ParameterServer, coordination: Coordination, watch: Sta
     coordination's ``stall_timeout`` (marked in ``left``)."""
     for m in ready:
         watch.heard(m)
+    for m in server.channel.waiting:  # waiting for another server's answer: alive, owing nothing yet
+        watch.heard(m)
     owes = [not (left[m] or m in ready) for m in range(server.channel.num_workers)]
     watch.check(owes)
     timeout = coordination.stall_timeout

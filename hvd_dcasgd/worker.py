@@ -95,6 +95,8 @@ class Worker:
         self.slices = list(slices) if slices is not None else [(0, layout.numel)]
         if len(self.slices) != len(self.channels):
             raise HvdDcasgdError(f"hvd_dcasgd: {len(self.channels)} channels for {len(self.slices)} slices")
+        for channel in self.channels:  # waiting for one server, the worker tells the others it is alive
+            channel.peers = [other for other in self.channels if other is not channel]
         self.check_finite = check_finite
         self.params: List[torch.Tensor] = trained_parameters(optimizer)
         # a model on a GPU copies its gradients into the message and its weights out of the receive

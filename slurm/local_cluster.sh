@@ -24,6 +24,19 @@ export SLURM_CONF="$CONF"
 
 die() { echo "local_cluster.sh: $*" >&2; exit 1; }
 
+# Run a daemon without the descriptors this script inherited beyond 0-2: a
+# daemon that kept one open (munged does) would hold it -- a lock file of the
+# caller's, say -- for as long as it runs.
+daemon() {
+    (
+        for fd in /proc/$BASHPID/fd/*; do
+            fd="${fd##*/}"
+            if [ "$fd" -gt 2 ] 2>/dev/null; then eval "exec $fd>&-" 2>/dev/null || true; fi
+        done
+        exec "$@"
+    )
+}
+
 install_packages() {
     local packages=(slurm-wlm munge)
     if command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
@@ -51,7 +64,7 @@ start_munge() {
     fi
     install -d -o munge -g munge -m 0755 /run/munge
     install -d -o munge -g munge -m 0700 /var/log/munge /var/lib/munge
-    runuser -u munge -- munged
+    daemon runuser -u munge -- munged
     touch "$DIR/munged.ours"
     for _ in $(seq 50); do
         if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then return; fi
@@ -60,22 +73,30 @@ start_munge() {
     die "munged started but does not answer (see /var/log/munge/munged.log)."
 }
 
+# write_config DIR CLUSTER PARTITION NAME=ADDRESS...: DIR/slurm.conf for a
+# cluster of these nodes, slurmctld on the first; with several nodes (on one
+# machine), each its own spool and temporary directory, pid and log file
+# ("%n": the node's name).  tests/cluster/slurm.sh's nodes use it too.
 write_config() {
-    mkdir -p "$DIR/state" "$DIR/spool"
-    cat >"$CONF" <<EOF
-# Written by slurm/local_cluster.sh: one node, $CPUS CPUs declared, no cgroups.
-ClusterName=hvd_dcasgd
-SlurmctldHost=$NODE(127.0.0.1)
+    local dir="$1" cluster="$2" partition="$3"; shift 3
+    local per_node="" node name
+    if [ $# -gt 1 ]; then per_node="-%n"; fi
+    mkdir -p "$dir/state"
+    {
+        cat <<EOF
+# Written by slurm/local_cluster.sh: $# node(s), $CPUS CPUs declared each, no cgroups.
+ClusterName=$cluster
+SlurmctldHost=${1%%=*}(${1#*=})
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
-SlurmctldPidFile=$DIR/slurmctld.pid
-SlurmdPidFile=$DIR/slurmd.pid
-SlurmctldLogFile=$DIR/slurmctld.log
-SlurmdLogFile=$DIR/slurmd.log
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool$per_node
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd$per_node.pid
+SlurmctldLogFile=$dir/slurmctld.log
+SlurmdLogFile=$dir/slurmd$per_node.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -89,9 +110,23 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 # Finished jobs stay visible to "scontrol show job" for 10 minutes.
 MinJobAge=600
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS State=UNKNOWN
-PartitionName=local Nodes=ALL Default=YES MaxTime=INFINITE OverSubscribe=FORCE State=UP
+# A job told to stop (scancel, its time limit: SIGTERM) has this long to save
+# its checkpoint before SIGKILL: set it above the longest checkpoint write.
+KillWait=30
+# The time limit is the time limit: SIGTERM when it comes, no grace minutes.
+OverTimeLimit=0
 EOF
+        if [ -n "$per_node" ]; then
+            echo "# Each node its own temporary directory (srun --mpi=pmix's files), as on separate machines."
+            echo "TmpFS=$dir/tmp-%n"
+        fi
+        for node in "$@"; do
+            name="${node%%=*}"
+            if [ -n "$per_node" ]; then mkdir -p "$dir/spool-$name" "$dir/tmp-$name"; else mkdir -p "$dir/spool"; fi
+            echo "NodeName=$name NodeAddr=${node#*=} CPUs=$CPUS State=UNKNOWN"
+        done
+        echo "PartitionName=$partition Nodes=ALL Default=YES MaxTime=INFINITE OverSubscribe=FORCE State=UP"
+    } >"$dir/slurm.conf"
 }
 
 stop() {
@@ -125,9 +160,9 @@ start() {
     rm -rf "$DIR/state" "$DIR/spool"
     install_packages
     start_munge
-    write_config
-    slurmctld -f "$CONF" || die "slurmctld did not start (see $DIR/slurmctld.log)."
-    slurmd -f "$CONF" || die "slurmd did not start (see $DIR/slurmd.log)."
+    write_config "$DIR" hvd_dcasgd local "$NODE=127.0.0.1"
+    daemon slurmctld -f "$CONF" || die "slurmctld did not start (see $DIR/slurmctld.log)."
+    daemon slurmd -f "$CONF" || die "slurmd did not start (see $DIR/slurmd.log)."
     local state=""
     for _ in $(seq 150); do
         state="$(timeout 5 sinfo --noheader --nodes="$NODE" --format=%t 2>/dev/null || true)"
@@ -144,5 +179,9 @@ case "${1:-}" in
     munge)
         [ "$(id -u)" -eq 0 ] || die "starting munged needs root."
         mkdir -p "$DIR"; install_packages; start_munge ;;
-    *) die "usage: local_cluster.sh start|stop|munge" ;;
+    # Only the configuration: config DIR CLUSTER PARTITION NAME=ADDRESS... (for tests/cluster/slurm.sh).
+    config)
+        [ $# -ge 5 ] || die "usage: local_cluster.sh config DIR CLUSTER PARTITION NAME=ADDRESS..."
+        shift; write_config "$@" ;;
+    *) die "usage: local_cluster.sh start|stop|munge|config" ;;
 esac

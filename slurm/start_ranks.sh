@@ -80,21 +80,39 @@ case "$LAUNCHER" in
 esac
 
 # Run the ranks, and pass a stop on to them: SLURM's advance signal (USR1, to
-# this script), or TERM/INT, reaches srun or mpirun as USR1, which both send
-# on to every rank at once.  The ranks stop after their current step, the
-# server saves a checkpoint, and the job exits with status 75 (preempted).
-ranks="" stopping=""
+# this script), or TERM/INT (a plain scancel, the time limit, a requeue or
+# preemption by SLURM: SIGTERM to this script and to every rank at once),
+# reaches srun or mpirun as USR1, which both send on to every rank at once.
+# The ranks stop after their current step, the server saves a checkpoint, and
+# the job exits with status 75 (preempted), and requeues itself -- unless
+# this script got a SIGTERM or SIGINT before the job's time limit: a
+# cancelled job stays cancelled (submit it again to resume), and a job that
+# SLURM requeues (scontrol requeue, preemption) is requeued by SLURM.  The
+# advance signal (to this script, or to the ranks only without "B:") and
+# the time limit's own SIGTERM requeue it.
+ranks="" stopping="" cancelled=""
 # Where the stop was asked, to find the checkpoints written since.
 ASKED="$HVD_DCASGD_CHECKPOINT_DIR/.stop-asked"
+# The time limit, read now (a cancel moves the job's end time to its own).
+END_TIME=""
+if [ -n "${SLURM_JOB_ID:-}" ]; then
+    end="$(timeout 10 squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null || true)"
+    if [[ "$end" =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]+$ ]]; then END_TIME="$(date -d "$end" +%s)"; fi
+fi
 stop() {
+    case "$1" in
+        TERM|INT) if [ -z "$END_TIME" ] || [ "$(date +%s)" -lt "$((END_TIME - 2))" ]; then cancelled=1; fi ;;
+    esac
     if [ -z "$stopping" ]; then mkdir -p "$HVD_DCASGD_CHECKPOINT_DIR" && touch "$ASKED" || true; fi
     stopping=1
     [ -z "$ranks" ] || kill -USR1 "$ranks" 2>/dev/null || true
 }
-trap stop USR1 TERM INT
+trap 'stop USR1' USR1
+trap 'stop TERM' TERM
+trap 'stop INT' INT
 "${LAUNCH[@]}" &
 ranks=$!
-[ -z "$stopping" ] || stop  # told to stop while starting them
+[ -z "$stopping" ] || stop AGAIN  # told to stop while starting them
 while :; do
     status=0
     wait "$ranks" || status=$?
@@ -111,7 +129,11 @@ if [ -n "$stopping" ] && [ "$status" -ne 0 ] && [ "$status" -ne 75 ] && [ -f "$A
 fi
 rm -f "$ASKED"
 if [ "$status" -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-    echo "$NAME: the job was stopped and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; requeueing job $SLURM_JOB_ID, which resumes from it."
-    scontrol requeue "$SLURM_JOB_ID" || echo "$NAME: scontrol requeue $SLURM_JOB_ID failed: submit the job again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR to resume." >&2
+    if [ -z "$cancelled" ]; then
+        echo "$NAME: the job was stopped and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; requeueing job $SLURM_JOB_ID, which resumes from it."
+        scontrol requeue "$SLURM_JOB_ID" || echo "$NAME: scontrol requeue $SLURM_JOB_ID failed: submit the job again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR to resume." >&2
+    else
+        echo "$NAME: the job was stopped before its time limit (cancelled, or requeued by SLURM) and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; a requeued job, or the job submitted again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR, resumes from it."
+    fi
 fi
 exit "$status"

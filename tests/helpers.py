@@ -73,31 +73,24 @@ def horovod_installed() -> bool:
 
 
 
-class Job:
-    """One ``mpirun`` of the synthetic program in the background, its output
-    in a file, killed (its process group) if it outlives ``timeout``."""
+class BackgroundJob:
+    """A command in the background in its own process group, its output in
+    the file ``log``, killed (the whole group) if it outlives ``timeout``."""
 
-    def __init__(self, out: Path, *args, workers=3, mca=(), env=None, timeout=120, log="log", launcher=False,
-                 servers=1):
-        self.out, self.timeout, self.ranks = out, timeout, workers + servers
-        self.log = out / log
+    def __init__(self, cmd, log: Path, env=None, timeout=120):
+        self.timeout, self.log = timeout, log
         full_env = {**os.environ, **(env or {})}
         full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
-        if launcher:  # this project's launcher, as a user runs it
-            start = [sys.executable, str(ROOT / "launch" / "hvd-dcasgd-run"), "-n", str(workers)]
-        else:
-            start = local_command(workers + servers, [], mca)
-        cmd = [*start, str(PROGRAMS / "synthetic.py"), "--out", str(out), *map(str, args)]
         self.started = time.monotonic()
         with open(self.log, "w") as log_file:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log_file, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=full_env, stdout=log_file,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
 
     def text(self) -> str:
         return self.log.read_text()
 
     def wait_for(self, what, count=1) -> None:
-        """Wait until the output holds ``what`` ``count`` times (or a file ``what`` exists)."""
+        """Wait until the output holds ``what`` ``count`` times (or ``what()`` is true)."""
         deadline = self.started + self.timeout
         while time.monotonic() < deadline:
             if callable(what) and what():
@@ -110,13 +103,6 @@ class Job:
         self.kill()
         pytest.fail(f"timed out waiting for {what!r}:\n{self.text()[-4000:]}")
 
-    def pid(self, world_rank: int) -> int:
-        return int((self.out / f"pid{world_rank}").read_text())
-
-    def signal_ranks(self, number, ranks=None) -> None:
-        for rank in range(self.ranks) if ranks is None else ranks:
-            os.kill(self.pid(rank), number)
-
     def wait(self) -> int:
         try:
             self.proc.wait(timeout=max(1.0, self.started + self.timeout - time.monotonic()))
@@ -128,6 +114,28 @@ class Job:
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+class Job(BackgroundJob):
+    """One ``mpirun`` of the synthetic program in the background (see
+    :class:`BackgroundJob`)."""
+
+    def __init__(self, out: Path, *args, workers=3, mca=(), env=None, timeout=120, log="log", launcher=False,
+                 servers=1):
+        self.out, self.ranks = out, workers + servers
+        if launcher:  # this project's launcher, as a user runs it
+            start = [sys.executable, str(ROOT / "launch" / "hvd-dcasgd-run"), "-n", str(workers)]
+        else:
+            start = local_command(workers + servers, [], mca)
+        cmd = [*start, str(PROGRAMS / "synthetic.py"), "--out", str(out), *map(str, args)]
+        super().__init__(cmd, out / log, env, timeout)
+
+    def pid(self, world_rank: int) -> int:
+        return int((self.out / f"pid{world_rank}").read_text())
+
+    def signal_ranks(self, number, ranks=None) -> None:
+        for rank in range(self.ranks) if ranks is None else ranks:
+            os.kill(self.pid(rank), number)
 
 
 def run_job(out, *args, **kwargs):

@@ -14,8 +14,6 @@ job, naming the host, and the periodic checkpoint resumes.
 
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,8 +22,8 @@ import pytest
 import torch
 
 from hvd_dcasgd.process import run_command
-from helpers import (PROGRAMS, ROOT, TRAINING, WORKERS, check_final_weights, check_history, check_resumed_sharded,
-                     flat_ab, mpirun, per_shard, run, sharded_replay, trace, unavailable)
+from helpers import (PROGRAMS, ROOT, TRAINING, WORKERS, BackgroundJob, check_final_weights, check_history,
+                     check_resumed_sharded, flat_ab, mpirun, per_shard, run, sharded_replay, trace, unavailable)
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -140,43 +138,12 @@ def test_one_worker_on_another_host_equals_one_host_bit_for_bit(cluster, tmp_pat
                        flat_ab(torch.load(tmp_path / "one" / "worker0.pt", weights_only=True)))
 
 
-class HostJob:
-    """The launcher on host a in the background, its output in a file,
-    killed (its process group) if it outlives ``timeout``."""
+class HostJob(BackgroundJob):
+    """The launcher on host a in the background (see :class:`helpers.BackgroundJob`)."""
 
     def __init__(self, cluster, out: Path, *args, env=None, timeout=180, log="log", **kwargs):
-        self.out, self.timeout, self.log = out, timeout, out / log
-        full_env = {**cluster, **(env or {})}
-        full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
-        self.started = time.monotonic()
-        with open(self.log, "w") as log_file:
-            self.proc = subprocess.Popen(launch(cluster, out, *args, **kwargs), cwd=ROOT, env=full_env,
-                                         stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def text(self) -> str:
-        return self.log.read_text()
-
-    def wait_for(self, ready) -> None:
-        while time.monotonic() < self.started + self.timeout:
-            if ready():
-                return
-            if self.proc.poll() is not None:
-                pytest.fail(f"the job ended (status {self.proc.returncode}) too early:\n{self.text()[-4000:]}")
-            time.sleep(0.05)
-        self.kill()
-        pytest.fail(f"timed out waiting:\n{self.text()[-4000:]}")
-
-    def wait(self) -> int:
-        try:
-            self.proc.wait(timeout=max(1.0, self.started + self.timeout - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"timed out after {self.timeout} s (a hang):\n{self.text()[-4000:]}")
-        return self.proc.returncode
-
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        self.out = out
+        super().__init__(launch(cluster, out, *args, **kwargs), out / log, {**cluster, **(env or {})}, timeout)
 
 
 def hosts(cluster, *command):
@@ -323,8 +290,11 @@ def test_multi_node_sbatch_on_two_nodes_stops_with_a_checkpoint_and_resumes_exac
     if stop == "advance-signal":
         assert slurm_command(slurm, "scancel", "--batch", "--signal=USR1", job_id).returncode == 0
         until(slurm, job_id, output, lambda: f"requeueing job {job_id}" in read(output), "requeued itself")
-        # SLURM holds a requeued job for about two minutes; let it start now
-        slurm_command(slurm, "scontrol", "update", f"JobId={job_id}", "BeginTime=now")
+        # SLURM holds a requeued job for about two minutes: once it is pending, let it start now
+        # (scontrol's name for the begin time is StartTime; it can be set only on a pending job)
+        until(slurm, job_id, output, lambda: job_state(slurm, job_id).get("JobState") == "PENDING", "was requeued")
+        time.sleep(10)  # what is left of its previous run on the nodes is gone by then (else a step can fail to launch)
+        assert slurm_command(slurm, "scontrol", "update", f"JobId={job_id}", "StartTime=now").returncode == 0
         stopped = re.search(r"stopped at update (\d+), asked by SIGUSR1", read(output))
         assert stopped, read(output)[-4000:]
         update = int(stopped.group(1))

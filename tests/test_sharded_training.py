@@ -188,3 +188,30 @@ def test_a_stalled_worker_is_dropped_by_every_server_and_the_others_finish(tmp_p
     assert torch.equal(final[0], final[1])
     assert not (tmp_path / "worker1.pt").exists()
     assert time.monotonic() - job.started < 60  # not the stalled worker's 600 s
+
+
+def test_workers_waiting_for_a_slow_server_are_not_silent_to_the_first(tmp_path):
+    """The second server is frozen (SIGSTOP) in the middle of a checkpoint
+    write, for longer than the stall timeout, then goes on (SIGCONT).  The
+    workers wait for its answer (its heartbeat says it is writing) and
+    meanwhile owe the first server their next push: they tell it they are
+    waiting, so it drops nobody, and the job finishes."""
+    servers = 2
+    env = {"HVD_DCASGD_STALL_TIMEOUT": "2", "HVD_DCASGD_SERVERS": str(servers),
+           "HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.5"}
+    job = Job(tmp_path, "--steps", 60, "--step-time", 0.05, "--big", 25_000_000, env=env, servers=servers,
+              timeout=180)
+    folder = tmp_path / "checkpoints" / f"server-1-of-{servers}"
+    while True:
+        job.wait_for(lambda: any(folder.glob(".checkpoint-*.tmp")))  # the second server writes its part of a cut
+        job.signal_ranks(signal.SIGSTOP, ranks=[1])
+        if any(folder.glob(".checkpoint-*.tmp")):  # frozen in the middle of the write
+            break
+        job.signal_ranks(signal.SIGCONT, ranks=[1])  # the write ended just before: wait for the next one
+    time.sleep(5)  # the timeout, its margins, and more
+    job.signal_ranks(signal.SIGCONT, ranks=[1])
+    status = job.wait()
+    log = job.text()
+    assert status == 0, log
+    assert "dropped" not in log and "has not answered" not in log and "has not pushed" not in log, log
+    assert all(f"worker {m} done: 60 steps" in log for m in range(WORKERS)), log

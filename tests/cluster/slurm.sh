@@ -31,43 +31,9 @@ on() { bash "$HERE/hosts.sh" exec "$@"; }
 mapfile -t NAMES < <(bash "$HERE/hosts.sh" names)
 
 write_config() {
-    mkdir -p "$SLURM/state"
-    {
-        cat <<EOC
-# Written by tests/cluster/slurm.sh: one node per emulated host, $CPUS CPUs declared each, no cgroups.
-ClusterName=hvd_emulated
-SlurmctldHost=${NAMES[0]}($NET.1)
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-StateSaveLocation=$SLURM/state
-SlurmdSpoolDir=$SLURM/spool-%n
-# Each node its own temporary directory (srun --mpi=pmix's files), as on separate machines.
-TmpFS=$SLURM/tmp-%n
-SlurmctldPidFile=$SLURM/slurmctld.pid
-SlurmdPidFile=$SLURM/slurmd-%n.pid
-SlurmctldLogFile=$SLURM/slurmctld.log
-SlurmdLogFile=$SLURM/slurmd-%n.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-SchedulerType=sched/builtin
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-MpiDefault=none
-SlurmdParameters=config_overrides
-ReturnToService=2
-MinJobAge=600
-EOC
-        local i
-        for i in "${!NAMES[@]}"; do
-            mkdir -p "$SLURM/spool-${NAMES[$i]}" "$SLURM/tmp-${NAMES[$i]}"
-            echo "NodeName=${NAMES[$i]} NodeAddr=$NET.$((i + 1)) CPUs=$CPUS State=UNKNOWN"
-        done
-        echo "PartitionName=emulated Nodes=ALL Default=YES MaxTime=INFINITE OverSubscribe=FORCE State=UP"
-    } >"$CONF"
+    local nodes=() i
+    for i in "${!NAMES[@]}"; do nodes+=("${NAMES[$i]}=$NET.$((i + 1))"); done
+    bash "$HERE/../../slurm/local_cluster.sh" config "$SLURM" hvd_emulated emulated "${nodes[@]}"
 }
 
 stop() {

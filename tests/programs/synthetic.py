@@ -93,6 +93,8 @@ def parse_args(argv=None):
     parser.add_argument("--save-at", type=int, default=None, help="worker 0 saves model and optimizer then")
     parser.add_argument("--restarted-steps", type=int, default=None,
                         help="once SLURM has restarted the job (SLURM_RESTART_COUNT), this many steps more")
+    parser.add_argument("--resumed-steps", type=int, default=None,
+                        help="once resumed from a checkpoint (pushes taken before), this many steps more")
     parser.add_argument("--step-time", type=float, default=0.0, help="seconds each step sleeps (a slow model)")
     parser.add_argument("--big", type=int, default=0, help="a frozen buffer of this many floats (big checkpoints)")
     parser.add_argument("--worker-device", default="cpu", help="the workers' model's device (cuda: a GPU worker)")
@@ -156,6 +158,8 @@ def main():
     first = optimizer.pushes  # a resumed job skips the steps the server has already taken
     if args.restarted_steps is not None and int(os.environ.get("SLURM_RESTART_COUNT", "0")) > 0:
         steps = first + args.restarted_steps  # a job that runs until it is preempted, then finishes
+    if args.resumed_steps is not None and first > 0:
+        steps = first + args.resumed_steps  # the same, however it was started again (requeued, submitted again)
     print(f"worker {hvd.rank()} starts at step {first}", flush=True)
     for k in range(first, steps):
         time.sleep(args.step_time)

@@ -18,14 +18,16 @@ import torch
 
 from .checkpoints import Checkpoints
 from .coordination import Coordination, OneServer
-from .errors import warn
 from .lifecycle import Lifecycle
+from .log import get_logger
 from .monitor import Monitor
 from .server import ParameterServer
 from .stall import StallWatch
 from .transport import Backoff
 
 __all__ = ["REQUESTS_INTERVAL", "save", "serve"]
+
+log = get_logger("server")
 
 #: Seconds between two answers to control requests while pushes keep the server busy.
 REQUESTS_INTERVAL = 0.01
@@ -141,5 +143,5 @@ def _drop_silent(server: ParameterServer, coordination: Coordination, watch: Sta
         server.channel.drop(m)
         coordination.dropped(m)
         left[m] = True
-        warn(f"{watch.names[m]} has not pushed for {timeout:g} s (HVD_DCASGD_STALL_TIMEOUT): dropped; the "
-             "other workers carry on without it", stacklevel=3)
+        log.warning(f"hvd_dcasgd: {watch.names[m]} has not pushed for {timeout:g} s (HVD_DCASGD_STALL_TIMEOUT): "
+                    "dropped; the other workers carry on without it")

@@ -36,6 +36,7 @@ from .errors import HvdDcasgdError
 from .exits import PREEMPTED, WORKER_DROPPED, abort, flush
 from .layout import ModelLayout, trained_parameters, untrained_state
 from .lifecycle import Lifecycle
+from .log import get_logger
 from .mpi import transport
 from .messages import ControlRequests, Description, LoadOptimizerState, OptimizerStateWithWeights, Resumed, SetState
 from .preemption import Preempted, signal_name, stop_grace_seconds
@@ -47,6 +48,8 @@ from .stall import StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .tags import SURVIVORS
 from .tensors import broadcast_, snapshot, to_cpu
 from .worker import Worker
+
+log = get_logger("session")
 
 
 def _disagreements(server: Description, workers: List[Description]) -> List[str]:
@@ -267,9 +270,9 @@ class ServerSession:
             saved = f"checkpoint {self.last_checkpoint}" if self.last_checkpoint else \
                 "nothing saved (no HVD_DCASGD_CHECKPOINT_DIR)" if self.coordination.checkpoints is None else \
                 "its checkpoint could not be written (see the warning above; the previous ones are kept)"
-            print(f"{server.telemetry.name}: stopped at update {self.lifecycle.stopped_at}, asked by "
-                  f"{signal_name(self.lifecycle.signal)}: {saved}; exit status {PREEMPTED} (preempted): "
-                  "run the same command again to resume.", file=sys.stderr)
+            log.warning(f"{server.telemetry.name}: stopped at update {self.lifecycle.stopped_at}, asked by "
+                        f"{signal_name(self.lifecycle.signal)}: {saved}; exit status {PREEMPTED} (preempted): "
+                        "run the same command again to resume.")
             flush()
         self.lifecycle.finish()
         if dropped:
@@ -458,7 +461,7 @@ class _ServerOpening:
             raise HvdDcasgdError(f"{exc} (checkpoint {path}; another HVD_DCASGD_CHECKPOINT_DIR starts afresh)") \
                 from None
         server.channel.mailboxes.sync()  # every backup is in its outbox, for the workers to read
-        print(f"{server.telemetry.name}: resuming from update {server.updates} ({path})", file=sys.stderr, flush=True)
+        log.info(f"{server.telemetry.name}: resuming from update {server.updates} ({path})")
         return Resumed(server.updates, str(path),
                        tuple(a + r for a, r in zip(server.telemetry.pushes, server.telemetry.refused)))
 

@@ -46,7 +46,7 @@ def save(server: ParameterServer, checkpoints: Checkpoints, number: Optional[int
 
 def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
           lifecycle: Optional[Lifecycle] = None, between_polls: Callable[[], None] = lambda: None,
-          watch: Optional[StallWatch] = None) -> None:
+          watch: Optional[StallWatch] = None, metrics_dir: Optional[str] = None) -> None:
     """Answer pushes until every worker has left (or was dropped), then
     close the session.
 
@@ -64,6 +64,9 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
             probe for messages costs as much as a poll of every worker).
         watch: names the workers that stay silent too long; the
             coordination's ``stall_timeout`` drops them.
+        metrics_dir: where the monitor writes the metrics
+            (``DistributedOptimizer(metrics_dir=...)``; ``HVD_DCASGD_METRICS``
+            overrides it).
     """
     coordination = OneServer() if coordination is None else coordination
     lifecycle = Lifecycle() if lifecycle is None else lifecycle
@@ -73,7 +76,7 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
     backoff = Backoff(max_sleep=1e-4)
     answered: List[int] = []
     requests_at = 0.0
-    monitor = Monitor(server)  # metrics and progress lines, each at its interval
+    monitor = Monitor(server, metrics_dir=metrics_dir)  # metrics and progress lines, each at its interval
     while True:
         if not answered or time.monotonic() - requests_at >= REQUESTS_INTERVAL:
             between_polls()

@@ -226,13 +226,16 @@ class ServerSession:
         coordination: one server's, or several servers'.
         model_params: the model's trained parameters, which take the whole
             model's final weights at the end.
+        metrics_dir: ``DistributedOptimizer(metrics_dir=...)``, for the
+            serving loop's monitor.
     """
 
     server_holds_weights = True
 
     def __init__(self, rt: Runtime, comm: Any, server: ParameterServer, names: List[str],
-                 coordination: Coordination, model_params: List[torch.Tensor]):
+                 coordination: Coordination, model_params: List[torch.Tensor], metrics_dir: Optional[str] = None):
         self.rt, self.comm, self.server, self.names = rt, comm, server, names
+        self.metrics_dir = metrics_dir
         self.coordination, self.model_params = coordination, model_params
         self.lifecycle: Lifecycle = rt.lifecycle
         self.last_checkpoint = None
@@ -246,7 +249,7 @@ class ServerSession:
     def serve(self) -> None:
         """Training: answer pushes until every worker has left."""
         serve(self.server, self.coordination, self.lifecycle, ControlRequests(self.rt.mpi, self.comm, self.server).answer,
-              StallWatch(self.names, stall_warning_seconds()))
+              StallWatch(self.names, stall_warning_seconds()), self.metrics_dir)
 
     def finish(self) -> None:
         """Ending: the final exchange, the last checkpoint (the buffers
@@ -480,6 +483,7 @@ def run_server(
     trace_path: Optional[str],
     checkpoint_dir: Optional[str] = None,
     slices: Optional[List[Tuple[int, int]]] = None,
+    metrics_dir: Optional[str] = None,
 ) -> None:
     """This server's whole lifecycle: start, serve the workers until they
     all leave, end, and exit: status 0, or 75 when the job was asked to
@@ -496,7 +500,8 @@ def run_server(
     opening = _ServerOpening(rt, coordination, served_optimizer, served_layout, compensation, wire_dtype, device,
                              extras, workers, trace_path, checkpoint_dir, slices[rt.shard])
     start([comm], opening)
-    session = ServerSession(rt, comm, opening.server, [name for name, _ in workers], coordination, params)
+    session = ServerSession(rt, comm, opening.server, [name for name, _ in workers], coordination, params,
+                            metrics_dir)
     rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
     session.serve()
     session.finish()

@@ -233,8 +233,7 @@ def metrics_overhead(args) -> None:
     print(f"  updates/s without:      {', '.join(f'{r:.1f}' for r in off)}")
     print(f"  ratio on / off: geometric mean {math.exp(mean):.3f}{interval} (median "
           f"{statistics.median(ratios):.3f}, range {min(ratios):.3f} to {max(ratios):.3f})")
-    print(f"  metrics files written by the runs with metrics: {len(written)} "
-          f"({', '.join(sorted({p.suffix or p.name.split('.')[0] for p in written})) or 'none'})")
+    print(f"  files the runs with metrics wrote: {len(written)} ({', '.join(sorted({p.parent.name for p in written}))})")
 
 
 #: The rates the server should reach, as ratios within a round: ASGD to the

@@ -209,13 +209,21 @@ def metrics_overhead(args) -> None:
     import scipy.stats
 
     horovod = "auto" if importlib.util.find_spec("horovod") else "0"
-    on, off = [], []
+    print(f"metrics overhead: {LABELS[args.mode]}, {args.workers} workers, {args.numel / 1e6:g}M float32 "
+          f"parameters, {args.steps} pushes per worker, {os.cpu_count()} cores, Horovod "
+          f"{'on' if horovod == 'auto' else 'off'}, HVD_DCASGD_METRICS_INTERVAL={args.metrics_interval:g}, "
+          f"{args.rounds} interleaved paired rounds", flush=True)
+    on, off, seconds = [], [], []
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.rounds):
             for metrics in ((True, False) if round_ % 2 == 0 else (False, True)):
                 extra = {"HVD_DCASGD_METRICS": str(Path(scratch) / f"runs-{round_}"),
                          "HVD_DCASGD_METRICS_INTERVAL": f"{args.metrics_interval:g}"} if metrics else {}
-                (on if metrics else off).append(run_once(args, args.mode, horovod, **extra)["updates_per_s"])
+                figures = run_once(args, args.mode, horovod, **extra)
+                (on if metrics else off).append(figures["updates_per_s"])
+                seconds.append(figures["seconds"])
+            print(f"  round {round_ + 1}: {on[-1]:.1f} updates/s with metrics, {off[-1]:.1f} without "
+                  f"(the server's runs: {seconds[-2]:.1f} s and {seconds[-1]:.1f} s)", flush=True)
         written = [p for p in Path(scratch).rglob("*") if p.is_file()]
     ratios = [a / b for a, b in zip(on, off)]
     logs = [math.log(r) for r in ratios]
@@ -225,15 +233,12 @@ def metrics_overhead(args) -> None:
         interval = f", 95% t interval [{low:.3f}, {high:.3f}]"
     else:
         interval = ""
-    print(f"metrics overhead: {LABELS[args.mode]}, {args.workers} workers, {args.numel / 1e6:g}M float32 "
-          f"parameters, {args.steps} pushes per worker, {os.cpu_count()} cores, Horovod "
-          f"{'on' if horovod == 'auto' else 'off'}, HVD_DCASGD_METRICS_INTERVAL={args.metrics_interval:g}, "
-          f"{args.rounds} interleaved paired rounds")
     print(f"  updates/s with metrics: {', '.join(f'{r:.1f}' for r in on)}")
     print(f"  updates/s without:      {', '.join(f'{r:.1f}' for r in off)}")
     print(f"  ratio on / off: geometric mean {math.exp(mean):.3f}{interval} (median "
           f"{statistics.median(ratios):.3f}, range {min(ratios):.3f} to {max(ratios):.3f})")
-    print(f"  files the runs with metrics wrote: {len(written)} ({', '.join(sorted({p.parent.name for p in written}))})")
+    folders = ", ".join(sorted({p.parent.name for p in written}))
+    print(f"  files the runs with metrics wrote: {len(written)} ({folders})")
 
 
 #: The rates the server should reach, as ratios within a round: ASGD to the

@@ -15,7 +15,15 @@ With Horovod installed every mode also runs with the Horovod integration off
 (``HVD_DCASGD_HOROVOD=0``: no Horovod background thread on the workers, MPI at
 thread level serialized), interleaved, to show what the integration costs.
 
+``--metrics-overhead`` measures instead what the server's metrics cost:
+one mode (``--mode``, DC-ASGD-a by default) with ``HVD_DCASGD_METRICS`` on
+(every ``--metrics-interval`` seconds) and off, the two back to back in each
+round (their order alternating), and the ratio of updates/s on to off within
+each round, over the rounds: geometric mean with its 95% t interval
+(``scipy.stats``), median and range.
+
     python benchmarks/bench_end_to_end.py [--workers 4] [--numel 1000000] [--steps 300] [--markdown docs/PERFORMANCE.md]
+    python benchmarks/bench_end_to_end.py --metrics-overhead [--mode adaptive] [--metrics-interval 1] [--rounds 8]
 """
 
 from __future__ import annotations
@@ -107,15 +115,17 @@ def memory_once(args) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run_once(args, mode: str, horovod: str, servers: int = 1) -> dict:
+def run_once(args, mode: str, horovod: str, servers: int = 1, **extra: str) -> dict:
     """One mpirun of ``mode`` (or the raw protocol): the server's end-of-run
-    figures (``HVD_DCASGD_SUMMARY``; with several servers, the merged ones)."""
+    figures (``HVD_DCASGD_SUMMARY``; with several servers, the merged ones);
+    ``extra``: more variables for the job."""
     from hvd_dcasgd.process import run_command
 
     with tempfile.TemporaryDirectory() as scratch:
         summary = Path(scratch) / "summary.json"
         cmd = mpirun(args.workers + servers, __file__, "--run", mode, "--numel", args.numel, "--steps", args.steps)
-        env = child_env(HVD_DCASGD_HOROVOD=horovod, HVD_DCASGD_SUMMARY=str(summary), HVD_DCASGD_SERVERS=str(servers))
+        env = child_env(HVD_DCASGD_HOROVOD=horovod, HVD_DCASGD_SUMMARY=str(summary), HVD_DCASGD_SERVERS=str(servers),
+                        **extra)
         out = run_command(cmd, timeout=args.timeout, env=env)
         if out.returncode != 0 or not summary.exists():
             sys.exit(f"{mode} on {servers} server(s) failed{' (timed out)' if out.timed_out else ''}:\n{out.stdout}")
@@ -193,6 +203,44 @@ def launch(args) -> None:
                            [summary, "", *docs_section.table(header, rows), *pairs, *(f"- {line}" for line in paired)])
 
 
+def metrics_overhead(args) -> None:
+    """``--metrics-overhead``: updates/s of ``args.mode`` with the server's
+    metrics on and off, paired within each round; the ratio on / off."""
+    import scipy.stats
+
+    horovod = "auto" if importlib.util.find_spec("horovod") else "0"
+    print(f"metrics overhead: {LABELS[args.mode]}, {args.workers} workers, {args.numel / 1e6:g}M float32 "
+          f"parameters, {args.steps} pushes per worker, {os.cpu_count()} cores, Horovod "
+          f"{'on' if horovod == 'auto' else 'off'}, HVD_DCASGD_METRICS_INTERVAL={args.metrics_interval:g}, "
+          f"{args.rounds} interleaved paired rounds", flush=True)
+    on, off, seconds = [], [], []
+    with tempfile.TemporaryDirectory() as scratch:
+        for round_ in range(args.rounds):
+            for metrics in ((True, False) if round_ % 2 == 0 else (False, True)):
+                extra = {"HVD_DCASGD_METRICS": str(Path(scratch) / f"runs-{round_}"),
+                         "HVD_DCASGD_METRICS_INTERVAL": f"{args.metrics_interval:g}"} if metrics else {}
+                figures = run_once(args, args.mode, horovod, **extra)
+                (on if metrics else off).append(figures["updates_per_s"])
+                seconds.append(figures["seconds"])
+            print(f"  round {round_ + 1}: {on[-1]:.1f} updates/s with metrics, {off[-1]:.1f} without "
+                  f"(the server's runs: {seconds[-2]:.1f} s and {seconds[-1]:.1f} s)", flush=True)
+        written = [p for p in Path(scratch).rglob("*") if p.is_file()]
+    ratios = [a / b for a, b in zip(on, off)]
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) > 1:
+        low, high = (math.exp(b) for b in scipy.stats.ttest_1samp(logs, 0.0).confidence_interval(0.95))
+        interval = f", 95% t interval [{low:.3f}, {high:.3f}]"
+    else:
+        interval = ""
+    print(f"  updates/s with metrics: {', '.join(f'{r:.1f}' for r in on)}")
+    print(f"  updates/s without:      {', '.join(f'{r:.1f}' for r in off)}")
+    print(f"  ratio on / off: geometric mean {math.exp(mean):.3f}{interval} (median "
+          f"{statistics.median(ratios):.3f}, range {min(ratios):.3f} to {max(ratios):.3f})")
+    folders = ", ".join(sorted({p.parent.name for p in written}))
+    print(f"  files the runs with metrics wrote: {len(written)} ({folders})")
+
+
 #: The rates the server should reach, as ratios within a round: ASGD to the
 #: raw protocol, DC-ASGD-a to ASGD (DC-ASGD-c has none).
 TARGETS = {"ASGD / raw": 0.9, "DC-ASGD-a / ASGD": 0.9}
@@ -237,11 +285,18 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds for each mpirun")
     parser.add_argument("--markdown", metavar="PATH", help="also write this benchmark's section of PATH "
                         "(docs/PERFORMANCE.md)")
+    parser.add_argument("--metrics-overhead", action="store_true", help="measure the server's metrics "
+                        "(HVD_DCASGD_METRICS) instead: --mode with them on and off, paired in each of --rounds")
+    parser.add_argument("--mode", choices=MODES, default="adaptive", help="the mode --metrics-overhead runs")
+    parser.add_argument("--metrics-interval", type=float, default=1.0, help="HVD_DCASGD_METRICS_INTERVAL for "
+                        "--metrics-overhead (seconds)")
     parser.add_argument("--run", choices=(RAW, *MODES), help=argparse.SUPPRESS)
     parser.add_argument("--memory", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory:
         measure_memory(args)
+    elif args.metrics_overhead:
+        metrics_overhead(args)
     else:
         train(args) if args.run else launch(args)
 

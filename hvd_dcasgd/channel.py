@@ -25,7 +25,6 @@ exactly once.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -34,8 +33,11 @@ import numpy as np
 
 from .errors import HvdDcasgdError
 from .exits import SERVER_SILENT, WORKER_DROPPED
+from .log import get_logger
 from .stall import FROZEN_AFTER, StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .transport import Backoff, ControlWords, Mailboxes
+
+log = get_logger("channel")
 
 WORDS_PER_WORKER = 4
 PUSHED, REPLIED, LEFT, WAITING = range(WORDS_PER_WORKER)
@@ -236,7 +238,7 @@ class WorkerChannel:
                     continue
                 silent = now - max(since, self._beat_seen)
                 if silent >= self._timeout + 4 * HEARTBEAT_SECONDS:
-                    print(self._server_silent(silent), file=sys.stderr, flush=True)
+                    log.error(self._server_silent(silent))
                     os._exit(SERVER_SILENT)
 
         threading.Thread(target=watch, name="hvd_dcasgd server watch", daemon=True).start()

@@ -48,11 +48,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from .config import resolve
-from .errors import HvdDcasgdError, warn
+from .errors import HvdDcasgdError
 from .files import FolderInUse, FolderLock, atomic_write
+from .log import get_logger
 from .tensors import all_finite
 
 __all__ = ["Checkpoints", "KEEP", "open_checkpoints", "estimate_bytes", "checksum"]
+
+log = get_logger("checkpoints")
 
 #: How many checkpoints stay in the folder.
 KEEP = 2
@@ -155,8 +158,8 @@ class Checkpoints:
         atexit.register(self.close)
         if self.lock.took_over:
             holder = self.lock.took_over
-            warn(f"the checkpoint folder {folder} was locked by process {holder.get('pid')} on host "
-                 f"{holder.get('host')}, which is gone; this job took it over", stacklevel=2)
+            log.warning(f"hvd_dcasgd: the checkpoint folder {folder} was locked by process {holder.get('pid')} on "
+                        f"host {holder.get('host')}, which is gone; this job took it over")
         for leftover in self.folder.glob(".checkpoint-*.tmp"):  # a writer killed before its rename
             leftover.unlink(missing_ok=True)
         paths = self.paths()
@@ -243,9 +246,10 @@ class Checkpoints:
                 target = aside / f"{path.name}.{n}"
             os.replace(path, target)
         except OSError as exc:  # it stays; a warning says so (the servers go on in step)
-            warn(f"checkpoint {path} {why}; it could not be moved to {aside} ({_reason(exc)})", stacklevel=3)
+            log.warning(f"hvd_dcasgd: checkpoint {path} {why}; it could not be moved to {aside} "
+                        f"({_reason(exc)})")
             return
-        warn(f"checkpoint {path} {why}: moved to {target}", stacklevel=3)
+        log.warning(f"hvd_dcasgd: checkpoint {path} {why}: moved to {target}")
 
     def is_due(self) -> bool:
         return self.due is not None and time.monotonic() >= self.due
@@ -262,15 +266,15 @@ class Checkpoints:
         retry = f"the next is due in {self.interval:g} s" if self.interval else "none is due before the end"
         try:
             if not all_finite(state["weights"]):
-                warn(f"the server's weights hold NaN or Inf at update {state['updates']}: {path.name} not written "
-                     f"in {self.folder}, the checkpoints there are kept ({kept})", stacklevel=3)
+                log.warning(f"hvd_dcasgd: the server's weights hold NaN or Inf at update {state['updates']}: "
+                            f"{path.name} not written in {self.folder}, the checkpoints there are kept ({kept})")
                 return None
             state = {**state, "run": self.run}
             state["checksum"] = checksum(state)
             atomic_write(path, lambda out: torch.save(state, out), binary=True)
         except Exception as exc:  # never ends training: the previous checkpoints stay, the next one is tried
-            warn(f"could not write checkpoint {path.name} in {self.folder} ({_reason(exc)}); the checkpoints "
-                 f"there are kept ({kept}), training goes on and {retry}", stacklevel=3)
+            log.warning(f"hvd_dcasgd: could not write checkpoint {path.name} in {self.folder} ({_reason(exc)}); the "
+                        f"checkpoints there are kept ({kept}), training goes on and {retry}")
             return None
         finally:
             if self.interval:
@@ -340,8 +344,9 @@ def open_checkpoints(folder: Optional[str], shard: int = 0, servers: int = 1, co
         views = [next(v for v in s if v[0] == number) for s in surveys]
         if any(v[1:] != views[0][1:] for v in views):
             if shard == 0:
-                warn(f"the servers' checkpoints of cut {number} in {checkpoints.top} are not of one cut (runs "
-                     f"{[v[1] for v in views]}, pushes per worker {[v[2] for v in views]}): skipped", stacklevel=2)
+                log.warning(f"hvd_dcasgd: the servers' checkpoints of cut {number} in {checkpoints.top} are not of "
+                            f"one cut (runs {[v[1] for v in views]}, pushes per worker {[v[2] for v in views]}): "
+                            "skipped")
             continue
         path = dict((n, p) for n, p in checkpoints.paths())[number]
         try:
@@ -353,7 +358,7 @@ def open_checkpoints(folder: Optional[str], shard: int = 0, servers: int = 1, co
             chosen = number
             break
         if found is not None and shard == 0:
-            warn(f"cut {number} is damaged on another server: skipped", stacklevel=2)
+            log.warning(f"hvd_dcasgd: cut {number} is damaged on another server: skipped")
         found = None
     if chosen is None and any(surveys):
         held = {s: [n for n, _, _ in survey] for s, survey in enumerate(surveys)}

@@ -28,7 +28,6 @@ servers.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -38,6 +37,7 @@ from .checkpoints import Checkpoints, open_checkpoints
 from .config import setting
 from .cuts import Cuts
 from .layout import ModelLayout
+from .log import get_logger
 from .server import ParameterServer
 from .shards import Piece, merge_states, shard_layout, shard_optimizer, shard_state
 from .stall import stall_timeout_seconds
@@ -46,6 +46,8 @@ from .tensors import broadcast_
 
 __all__ = ["Checkpoint", "Coordination", "OneServer", "OneSlice", "SeveralServers", "SeveralSlices", "Slices",
            "coordination_for", "slices_for"]
+
+log = get_logger("coordination")
 
 
 @dataclass(frozen=True)
@@ -121,8 +123,9 @@ class Coordination:
         return None
 
     def report(self, telemetry: Telemetry) -> None:
-        """Print this server's summary; write ``HVD_DCASGD_SUMMARY``."""
-        print(telemetry.summary(), file=sys.stderr, flush=True)
+        """Log this server's summary (INFO); write ``HVD_DCASGD_SUMMARY``."""
+        for line in telemetry.summary().splitlines():
+            log.info(line)
 
     def take_final_model(self, world: Callable[[], Any], model_params: List[torch.Tensor], dtype: torch.dtype,
                          first_worker: int) -> None:
@@ -266,14 +269,15 @@ class SeveralServers(Coordination):
         return self.cuts.number + 1  # one more cut: everything applied everywhere
 
     def report(self, telemetry: Telemetry) -> None:
-        """The first server also prints and writes the merged summary of all."""
+        """The first server also logs and writes the merged summary of all."""
         super().report(telemetry)
         path = setting("HVD_DCASGD_SUMMARY")
         shards = self.servers.gather(telemetry.summary_dict(), root=0)
         if self.first:
             merged = Telemetry.merge(shards)
-            print(Telemetry.describe(merged, f"hvd_dcasgd servers (all {self.servers.Get_size()})"),
-                  file=sys.stderr, flush=True)
+            name = f"hvd_dcasgd servers (all {self.servers.Get_size()})"
+            for line in Telemetry.describe(merged, name).splitlines():
+                log.info(line)
             if path:
                 Telemetry.write(path, merged)
 

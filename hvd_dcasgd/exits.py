@@ -28,7 +28,10 @@ import traceback
 from typing import Any, Callable, Optional
 
 from .errors import HvdDcasgdError
+from .log import get_logger
 from .tags import DEPARTURE as DEPARTURE_TAG
+
+log = get_logger("exits")
 
 PREEMPTED = 75
 WORKER_DROPPED = 69
@@ -43,7 +46,7 @@ def flush() -> None:
 def abort(comm: Any, sentence: Optional[str], status: int) -> None:
     """Print ``sentence``, then end every rank of the job with ``status``."""
     if sentence:
-        print(sentence, file=sys.stderr)
+        log.error(sentence)
     flush()
     comm.Abort(status)
     os._exit(status)  # not reached: Abort does not return

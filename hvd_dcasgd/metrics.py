@@ -262,13 +262,10 @@ def _compensation_ratio(server: "ParameterServer", worker: int, scratch: Dict[st
         return ratio if math.isfinite(ratio) else None
 
 
-#: ``DistributedOptimizer(metrics_dir=...)`` on this rank (``HVD_DCASGD_METRICS`` overrides it).
-requested_folder: Optional[str] = None
-
-
-def metrics_settings() -> Optional[tuple]:
-    """(folder, interval) from the environment or ``metrics_dir=``, or ``None`` when no metrics are asked for."""
-    folder = setting("HVD_DCASGD_METRICS") or requested_folder
+def metrics_settings(metrics_dir: Optional[str] = None) -> Optional[tuple]:
+    """(folder, interval) from the environment or ``metrics_dir`` (``DistributedOptimizer(metrics_dir=...)``,
+    which ``HVD_DCASGD_METRICS`` overrides), or ``None`` when no metrics are asked for."""
+    folder = setting("HVD_DCASGD_METRICS") or metrics_dir
     if folder is None:
         return None
     interval = setting("HVD_DCASGD_METRICS_INTERVAL")

@@ -30,13 +30,16 @@ class Monitor:
     Arguments:
         server: the :class:`.server.ParameterServer` watched.
         worker_offset: the MPI rank of worker 0 (the number of servers).
+        metrics_dir: ``DistributedOptimizer(metrics_dir=...)``, which
+            ``HVD_DCASGD_METRICS`` overrides.
     """
 
-    def __init__(self, server: "ParameterServer", worker_offset: Optional[int] = None):
+    def __init__(self, server: "ParameterServer", worker_offset: Optional[int] = None,
+                 metrics_dir: Optional[str] = None):
         telemetry = server.telemetry
         if worker_offset is None:
             worker_offset = 1 if telemetry.shard is None else _servers(server)
-        settings = metrics_settings()
+        settings = metrics_settings(metrics_dir)
         self.metrics = Metrics(server, settings[0]) if settings else None
         self.metrics_every = settings[1] if settings else math.inf
         every = progress_interval()

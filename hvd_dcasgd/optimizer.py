@@ -18,7 +18,6 @@ from typing import Iterable, Iterator, Optional, Tuple, Type
 
 import torch
 
-from . import metrics
 from .compensation import COMPENSATIONS, MODES, SCHEDULES, Compensation
 from .compression import Compression, Compressor
 from .config import resolve
@@ -323,9 +322,8 @@ def DistributedOptimizer(
     slices = _slices(rt, optimizer, layout)
     if rt.role == SERVER:
         trace = resolve("HVD_DCASGD_TRACE", trace)
-        metrics.requested_folder = metrics_dir
         run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(rt, server_device), trace,
-                   checkpoint_dir, slices, lr_scaling=lr_scaling)
+                   checkpoint_dir, slices, metrics_dir, lr_scaling=lr_scaling)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     wrapped = cls(optimizer.param_groups, backward_passes_per_step)
     wrapped.compensation = settings

@@ -18,14 +18,16 @@ import torch
 
 from .checkpoints import Checkpoints
 from .coordination import Coordination, OneServer
-from .errors import warn
 from .lifecycle import Lifecycle
+from .log import get_logger
 from .monitor import Monitor
 from .server import ParameterServer
 from .stall import StallWatch
 from .transport import Backoff
 
 __all__ = ["REQUESTS_INTERVAL", "save", "serve"]
+
+log = get_logger("server")
 
 #: Seconds between two answers to control requests while pushes keep the server busy.
 REQUESTS_INTERVAL = 0.01
@@ -44,7 +46,7 @@ def save(server: ParameterServer, checkpoints: Checkpoints, number: Optional[int
 
 def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
           lifecycle: Optional[Lifecycle] = None, between_polls: Callable[[], None] = lambda: None,
-          watch: Optional[StallWatch] = None) -> None:
+          watch: Optional[StallWatch] = None, metrics_dir: Optional[str] = None) -> None:
     """Answer pushes until every worker has left (or was dropped), then
     close the session.
 
@@ -62,6 +64,9 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
             probe for messages costs as much as a poll of every worker).
         watch: names the workers that stay silent too long; the
             coordination's ``stall_timeout`` drops them.
+        metrics_dir: where the monitor writes the metrics
+            (``DistributedOptimizer(metrics_dir=...)``; ``HVD_DCASGD_METRICS``
+            overrides it).
     """
     coordination = OneServer() if coordination is None else coordination
     lifecycle = Lifecycle() if lifecycle is None else lifecycle
@@ -71,7 +76,7 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
     backoff = Backoff(max_sleep=1e-4)
     answered: List[int] = []
     requests_at = 0.0
-    monitor = Monitor(server)  # metrics and progress lines, each at its interval
+    monitor = Monitor(server, metrics_dir=metrics_dir)  # metrics and progress lines, each at its interval
     while True:
         if not answered or time.monotonic() - requests_at >= REQUESTS_INTERVAL:
             between_polls()
@@ -143,5 +148,5 @@ def _drop_silent(server: ParameterServer, coordination: Coordination, watch: Sta
         server.channel.drop(m)
         coordination.dropped(m)
         left[m] = True
-        warn(f"{watch.names[m]} has not pushed for {timeout:g} s (HVD_DCASGD_STALL_TIMEOUT): dropped; the "
-             "other workers carry on without it", stacklevel=3)
+        log.warning(f"hvd_dcasgd: {watch.names[m]} has not pushed for {timeout:g} s (HVD_DCASGD_STALL_TIMEOUT): "
+                    "dropped; the other workers carry on without it")

@@ -36,6 +36,7 @@ from .errors import HvdDcasgdError
 from .exits import PREEMPTED, WORKER_DROPPED, abort, flush
 from .layout import ModelLayout, trained_parameters, untrained_state
 from .lifecycle import Lifecycle
+from .log import get_logger
 from .mpi import transport
 from .messages import ControlRequests, Description, LoadOptimizerState, OptimizerStateWithWeights, Resumed, SetState
 from .preemption import Preempted, signal_name, stop_grace_seconds
@@ -48,6 +49,8 @@ from .tags import SURVIVORS
 from .tensors import broadcast_, snapshot, to_cpu
 from .update import lr_factor
 from .worker import Worker
+
+log = get_logger("session")
 
 
 def _disagreements(server: Description, workers: List[Description]) -> List[str]:
@@ -230,13 +233,16 @@ class ServerSession:
         coordination: one server's, or several servers'.
         model_params: the model's trained parameters, which take the whole
             model's final weights at the end.
+        metrics_dir: ``DistributedOptimizer(metrics_dir=...)``, for the
+            serving loop's monitor.
     """
 
     server_holds_weights = True
 
     def __init__(self, rt: Runtime, comm: Any, server: ParameterServer, names: List[str],
-                 coordination: Coordination, model_params: List[torch.Tensor]):
+                 coordination: Coordination, model_params: List[torch.Tensor], metrics_dir: Optional[str] = None):
         self.rt, self.comm, self.server, self.names = rt, comm, server, names
+        self.metrics_dir = metrics_dir
         self.coordination, self.model_params = coordination, model_params
         self.lifecycle: Lifecycle = rt.lifecycle
         self.last_checkpoint = None
@@ -250,7 +256,7 @@ class ServerSession:
     def serve(self) -> None:
         """Training: answer pushes until every worker has left."""
         serve(self.server, self.coordination, self.lifecycle, ControlRequests(self.rt.mpi, self.comm, self.server).answer,
-              StallWatch(self.names, stall_warning_seconds()))
+              StallWatch(self.names, stall_warning_seconds()), self.metrics_dir)
 
     def finish(self) -> None:
         """Ending: the final exchange, the last checkpoint (the buffers
@@ -275,9 +281,9 @@ class ServerSession:
             saved = f"checkpoint {self.last_checkpoint}" if self.last_checkpoint else \
                 "nothing saved (no HVD_DCASGD_CHECKPOINT_DIR)" if self.coordination.checkpoints is None else \
                 "its checkpoint could not be written (see the warning above; the previous ones are kept)"
-            print(f"{server.telemetry.name}: stopped at update {self.lifecycle.stopped_at}, asked by "
-                  f"{signal_name(self.lifecycle.signal)}: {saved}; exit status {PREEMPTED} (preempted): "
-                  "run the same command again to resume.", file=sys.stderr)
+            log.warning(f"{server.telemetry.name}: stopped at update {self.lifecycle.stopped_at}, asked by "
+                        f"{signal_name(self.lifecycle.signal)}: {saved}; exit status {PREEMPTED} (preempted): "
+                        "run the same command again to resume.")
             flush()
         self.lifecycle.finish()
         if dropped:
@@ -471,7 +477,7 @@ class _ServerOpening:
             raise HvdDcasgdError(f"{exc} (checkpoint {path}; another HVD_DCASGD_CHECKPOINT_DIR starts afresh)") \
                 from None
         server.channel.mailboxes.sync()  # every backup is in its outbox, for the workers to read
-        print(f"{server.telemetry.name}: resuming from update {server.updates} ({path})", file=sys.stderr, flush=True)
+        log.info(f"{server.telemetry.name}: resuming from update {server.updates} ({path})")
         return Resumed(server.updates, str(path),
                        tuple(a + r for a, r in zip(server.telemetry.pushes, server.telemetry.refused)))
 
@@ -490,6 +496,7 @@ def run_server(
     trace_path: Optional[str],
     checkpoint_dir: Optional[str] = None,
     slices: Optional[List[Tuple[int, int]]] = None,
+    metrics_dir: Optional[str] = None,
     *,
     lr_scaling: str,
 ) -> None:
@@ -509,7 +516,8 @@ def run_server(
     opening = _ServerOpening(rt, coordination, served_optimizer, served_layout, compensation, wire_dtype, device,
                              untrained_state, workers, trace_path, checkpoint_dir, slices[rt.shard], lr_scaling)
     start([comm], opening)
-    session = ServerSession(rt, comm, opening.server, [name for name, _ in workers], coordination, params)
+    session = ServerSession(rt, comm, opening.server, [name for name, _ in workers], coordination, params,
+                            metrics_dir)
     rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
     session.serve()
     session.finish()

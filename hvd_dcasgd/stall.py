@@ -22,9 +22,11 @@ import time
 from typing import Callable, List, Optional, Sequence
 
 from .config import resolve
-from .errors import warn
+from .log import get_logger
 
 __all__ = ["FROZEN_AFTER", "StallWatch", "stall_timeout_seconds", "stall_warning_seconds"]
+
+log = get_logger("stall")
 
 #: Seconds between two looks of a watch beyond which the watcher itself was
 #: not running (its loop looks many times a second): the gap is not silence.
@@ -75,8 +77,8 @@ class StallWatch:
         for index, owing in enumerate(owes):
             if owing and now - self.warned[index] >= self.warn_after:
                 self.warned[index] = now
-                warn(f"{self.names[index]} {what} for {now - self.last[index]:.0f} s "
-                     "(a hung data loader, a wedged device, a dead process?)", stacklevel=4)
+                log.warning(f"hvd_dcasgd: {self.names[index]} {what} for {now - self.last[index]:.0f} s "
+                            "(a hung data loader, a wedged device, a dead process?)")
 
     def silent_past(self, owes: Sequence[bool], seconds: Optional[float]) -> List[int]:
         """The indices that ``owes`` something and have been silent ``seconds`` or more."""

@@ -13,8 +13,10 @@ import time
 from collections import Counter
 from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
-from .errors import warn
 from .files import atomic_write
+from .log import get_logger
+
+log = get_logger("telemetry")
 
 
 class Telemetry:
@@ -246,8 +248,8 @@ def read_trace(path: str) -> List[Dict[str, Any]]:
                 if end == len(line) and isinstance(record, dict):
                     rest = record
                 break
-            warn(f"the trace {path} has a torn line at line {number} (a job killed while writing it): "
-                 f"dropped {line[:40]!r}{' ...' if len(line) > 40 else ''}", stacklevel=3)
+            log.warning(f"hvd_dcasgd: the trace {path} has a torn line at line {number} (a job killed while "
+                        f"writing it): dropped {line[:40]!r}{' ...' if len(line) > 40 else ''}")
             if rest is not None:
                 records.append(rest)
     return records

@@ -203,6 +203,34 @@ def test_end_to_end_ratios_are_paired_within_rounds():
     assert below.endswith("target 0.90: missed"), below
 
 
+def test_metrics_overhead_pairs_each_round_alternating_the_order(monkeypatch, capsys):
+    """``--metrics-overhead``: in each round one run with the metrics and one
+    without, the order alternating; the ratio on / off within each round, its
+    geometric mean with the 95% t interval."""
+    sys.path.insert(0, str(BENCH))
+    import bench_end_to_end
+
+    asked = []
+    rates = iter([90.0, 100.0, 200.0, 180.0, 80.0, 100.0])  # rounds: on, off; off, on; on, off
+
+    def run_once(args, mode, horovod, servers=1, **extra):
+        asked.append((mode, "HVD_DCASGD_METRICS" in extra, extra.get("HVD_DCASGD_METRICS_INTERVAL")))
+        return {"updates_per_s": next(rates), "seconds": 1.0}
+
+    monkeypatch.setattr(bench_end_to_end, "run_once", run_once)
+    args = bench_end_to_end.argparse.Namespace(mode="adaptive", rounds=3, metrics_interval=1.0, workers=4,
+                                               numel=1000, steps=10)
+    bench_end_to_end.metrics_overhead(args)
+    assert asked == [("adaptive", True, "1"), ("adaptive", False, None), ("adaptive", False, None),
+                     ("adaptive", True, "1"), ("adaptive", True, "1"), ("adaptive", False, None)]
+    logs = [math.log(0.9), math.log(0.9), math.log(0.8)]
+    half = 4.302653 * statistics.stdev(logs) / math.sqrt(3)
+    low, high = (math.exp(statistics.fmean(logs) + s * half) for s in (-1, 1))
+    out = capsys.readouterr().out
+    assert (f"ratio on / off: geometric mean {math.exp(statistics.fmean(logs)):.3f}, 95% t interval "
+            f"[{low:.3f}, {high:.3f}] (median 0.900, range 0.800 to 0.900)") in out, out
+
+
 @pytest.mark.mpi
 @pytest.mark.slow
 @pytest.mark.usefixtures("horovod_required")

@@ -12,7 +12,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ import torch
 from hvd_dcasgd.checkpoints import LOCK, Checkpoints, checksum
 from hvd_dcasgd.compensation import Compensation
 from hvd_dcasgd.endpoints import open_server
-from hvd_dcasgd.errors import HvdDcasgdError, HvdDcasgdWarning
+from hvd_dcasgd.errors import HvdDcasgdError
 from hvd_dcasgd.layout import ModelLayout
 from hvd_dcasgd.mpi import load_mpi
 from hvd_dcasgd.serving import save
@@ -123,7 +122,12 @@ def test_several_servers_resume_from_the_newest_cut_of_one_run_at_the_same_pushe
     check_resumed_sharded(tmp_path, trace(tmp_path / "trace"), servers)
 
 
-def test_a_torn_line_is_dropped_and_a_whole_record_after_it_kept(tmp_path):
+def _said(caplog, logger):
+    """The messages ``logger`` logged at WARNING."""
+    return [r.getMessage() for r in caplog.records if r.name == logger and r.levelname == "WARNING"]
+
+
+def test_a_torn_line_is_dropped_and_a_whole_record_after_it_kept(tmp_path, caplog):
     path = tmp_path / "trace"
     whole = [{"shard": 0, "offset": 0, "numel": 4}, {"update": 0, "worker": 0, "step": 0, "shard": 0},
              {"update": 0, "worker": 1, "step": 0, "shard": 1}]
@@ -131,11 +135,10 @@ def test_a_torn_line_is_dropped_and_a_whole_record_after_it_kept(tmp_path):
     path.write_text(json.dumps(whole[0]) + "\n" + json.dumps(whole[1]) + "\n" + '{"update": 1, "wor'
                     + json.dumps(whole[2]) + "\n" + '{"update": 2, "worker": 0, "st')
     for read in (read_trace, lambda p: truncate_trace(p, {0: 1, 1: 1})):
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            records = read(str(path))
+        caplog.clear()
+        records = read(str(path))
         assert records == (whole if read is read_trace else None)  # truncate_trace rewrites the file
-        said = [str(w.message) for w in caught if w.category is HvdDcasgdWarning]
+        said = _said(caplog, "hvd_dcasgd.telemetry")
         assert any("torn line at line 3" in m and '{"update": 1, "wor' in m for m in said), said
         assert any("torn line at line 4" in m and '{"update": 2, "worker": 0, "st' in m for m in said), said
     assert path.read_text() == "".join(json.dumps(r) + "\n" for r in whole)  # every line whole, ended
@@ -143,7 +146,7 @@ def test_a_torn_line_is_dropped_and_a_whole_record_after_it_kept(tmp_path):
 
 # --- the folder at start, the lock -----------------------------------------------
 
-def test_a_folder_locked_by_a_live_job_is_refused_naming_it_and_a_dead_ones_is_taken_over(tmp_path):
+def test_a_folder_locked_by_a_live_job_is_refused_naming_it_and_a_dead_ones_is_taken_over(tmp_path, caplog):
     folder = tmp_path / "checkpoints"
     first = Checkpoints(str(folder), 0)
     with pytest.raises(HvdDcasgdError, match=f"in use by another job \\(process {os.getpid()} on host "
@@ -157,9 +160,11 @@ def test_a_folder_locked_by_a_live_job_is_refused_naming_it_and_a_dead_ones_is_t
     for holder in ({"host": socket.gethostname(), "pid": gone.pid},  # its process has ended
                    {"host": socket.gethostname(), "pid": os.getpid(), "started": "0"}):  # its number reused since
         (folder / LOCK).write_text(json.dumps(holder))
-        with pytest.warns(HvdDcasgdWarning, match=f"locked by process {holder['pid']} .* which is gone; this job "
-                                                  "took it over"):
-            Checkpoints(str(folder), 0).close()
+        caplog.clear()
+        Checkpoints(str(folder), 0).close()
+        said = _said(caplog, "hvd_dcasgd.checkpoints")
+        assert len(said) == 1 and re.search(f"locked by process {holder['pid']} .* which is gone; this job "
+                                            "took it over", said[0]), said
     (folder / LOCK).write_text(json.dumps({"host": "another-node", "pid": 1}))  # cannot be checked from here
     with pytest.raises(HvdDcasgdError, match="process 1 on host another-node"):
         Checkpoints(str(folder), 0)
@@ -271,7 +276,7 @@ def test_a_failed_checkpoint_write_warns_keeps_the_previous_ones_and_training_go
 
 # --- non-finite weights --------------------------------------------------------
 
-def test_weights_holding_nan_or_inf_are_never_written_over_good_checkpoints(tmp_path):
+def test_weights_holding_nan_or_inf_are_never_written_over_good_checkpoints(tmp_path, caplog):
     model = synthetic.Model()
     optimizer = torch.optim.SGD([model.a, model.b], lr=0.1, momentum=0.9)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
@@ -283,18 +288,19 @@ def test_weights_holding_nan_or_inf_are_never_written_over_good_checkpoints(tmp_
         with torch.no_grad():
             server.weights[3] = bad
         server.updates += 1
-        with pytest.warns(HvdDcasgdWarning, match=f"the server's weights hold NaN or Inf at update "
-                                                  f"{server.updates}: checkpoint-{server.updates:09d}.pt not "
-                                                  f"written in {tmp_path / 'checkpoints'}, the checkpoints there "
-                                                  f"are kept \\({good.name}\\)"):
-            assert save(server, checkpoints) is None
+        caplog.clear()
+        assert save(server, checkpoints) is None
+        assert _said(caplog, "hvd_dcasgd.checkpoints") == [
+            f"hvd_dcasgd: the server's weights hold NaN or Inf at update {server.updates}: "
+            f"checkpoint-{server.updates:09d}.pt not written in {tmp_path / 'checkpoints'}, the checkpoints there "
+            f"are kept ({good.name})"]
         assert _numbered(tmp_path / "checkpoints") == [good]
         assert torch.isfinite(Checkpoints.read(good)["weights"]).all()
     with torch.no_grad():
         server.weights[3] = 0.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert save(server, checkpoints).name == f"checkpoint-{server.updates:09d}.pt"
+    caplog.clear()
+    assert save(server, checkpoints).name == f"checkpoint-{server.updates:09d}.pt"
+    assert not _said(caplog, "hvd_dcasgd.checkpoints")
     checkpoints.close()
 
 

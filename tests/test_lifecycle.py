@@ -170,7 +170,7 @@ def test_no_stall_is_silent(mode):
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "stall", "--compensation", mode,
                     env={"HVD_DCASGD_STALL_WARNING": "1"}, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:]
-    named = re.findall(r"HvdDcasgdWarning: hvd_dcasgd: worker 1 \(MPI rank 2, host \S+\) has not pushed for (\d+) s",
+    named = re.findall(r"\[rank 0\] hvd_dcasgd: worker 1 \(MPI rank 2, host \S+\) has not pushed for (\d+) s",
                        result.stdout)
     assert len(named) >= 2 and int(named[-1]) >= 2, result.stdout[-3000:]  # repeated while the silence lasts
     assert "worker 0 (MPI rank 1" not in result.stdout and "worker 2 (MPI rank 3" not in result.stdout

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 HOSTS = ROOT / "tests" / "cluster" / "hosts.sh"
 LAUNCHER = ROOT / "launch" / "hvd-dcasgd-run"
-TRANSPORT = re.compile(r"^hvd_dcasgd server(?:s \(all \d\))?: transport Open MPI \S+ \(osc pt2pt, pml ob1, btl [\w,]*tcp[\w,]*\), thread level serialized; "
+TRANSPORT = re.compile(r"^\[rank \d+\] hvd_dcasgd server(?:s \(all \d\))?: transport Open MPI \S+ \(osc pt2pt, pml ob1, btl [\w,]*tcp[\w,]*\), thread level serialized; "
                        r"(\d) host\(s\): (.*)$", re.MULTILINE)
 
 

@@ -79,7 +79,7 @@ def test_without_tensorboard_a_csv_of_the_same_columns_said_once_one_per_server(
            "HVD_DCASGD_PROGRESS": "0.5", "PYTHONPATH": str(hidden)}
     out = _job(tmp_path, {**env, "HVD_DCASGD_LOG_LEVEL": "warning"}, servers=2)
     assert out.count("the tensorboard package is not installed") == 1, out
-    assert "hvd_dcasgd server 1: " in out and not PROGRESS.search(out), "progress lines are INFO, below the level"
+    assert "hvd_dcasgd server" not in out and not PROGRESS.search(out), "progress and summary are INFO, below the level"
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["server-0", "server-1"], "one run per server"
     for server in ("server-0", "server-1"):
         with open(tmp_path / "runs" / server / "metrics.csv", newline="") as f:
@@ -125,6 +125,41 @@ def test_logging_default_handler_user_handler_and_level(tmp_path):
 
     bad = python(script, "default", env={"HVD_DCASGD_LOG_LEVEL": "loud"})
     assert bad.returncode != 0 and "HVD_DCASGD_LOG_LEVEL='loud' is not valid" in bad.stdout
+
+
+STALL = textwrap.dedent("""
+    import logging, sys
+    from hvd_dcasgd.stall import StallWatch
+    if sys.argv[1] == "configured":
+        seen = []
+        class Keep(logging.Handler):
+            def emit(self, record):
+                seen.append((record.name, record.levelname, record.rank, record.getMessage()))
+        logging.basicConfig(level=logging.INFO, handlers=[Keep()])
+    now = [0.0]
+    watch = StallWatch(["worker 1 (MPI rank 2, host h)"], 1.0, clock=lambda: now[0])
+    for _ in range(3):  # the server's loop looks every half second; the worker stays silent
+        now[0] += 0.5
+        watch.check([True])
+    if sys.argv[1] == "configured":
+        print("user handler:", seen)
+""")
+
+
+def test_a_stall_warning_is_a_log_record_of_the_rank_not_a_python_warning(tmp_path):
+    script = tmp_path / "stall.py"
+    script.write_text(STALL)
+    said = ("hvd_dcasgd: worker 1 (MPI rank 2, host h) has not pushed for 1 s "
+            "(a hung data loader, a wedged device, a dead process?)")
+    default = python(script, "default", env={"OMPI_COMM_WORLD_RANK": "0"})
+    assert default.returncode == 0 and default.stdout.splitlines() == [f"[rank 0] {said}"], default.stdout
+
+    routed = python(script, "configured", env={"OMPI_COMM_WORLD_RANK": "0"})
+    assert routed.stdout.splitlines() == [f"user handler: {[('hvd_dcasgd.stall', 'WARNING', 0, said)]}"], \
+        routed.stdout
+
+    quiet = python(script, "default", env={"OMPI_COMM_WORLD_RANK": "0", "HVD_DCASGD_LOG_LEVEL": "error"})
+    assert quiet.returncode == 0 and quiet.stdout == "", quiet.stdout
 
 
 def test_progress_line_from_the_telemetry():

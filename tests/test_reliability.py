@@ -128,6 +128,36 @@ def test_a_signal_while_the_server_writes_its_stop_checkpoint_leaves_it_whole(tm
     assert f"resuming from update {int(kept[0].name[11:20])}" in log, log
 
 
+@pytest.mark.parametrize("moment", ["workers-leaving", "final-checkpoint"])
+def test_signals_after_the_last_step_lose_nothing(tmp_path, moment):
+    """Every worker has taken its last step: two SIGTERMs to every rank while
+    the workers leave and the final exchange moves the 160 MB model, or while
+    the server writes the final checkpoint.  Training had finished (status 0,
+    the final checkpoint) or the server had not yet seen every worker leave
+    (status 75, its stop checkpoint); either way every worker's every push is
+    in the one checkpoint, and the same command run again ends with status 0."""
+    folder = tmp_path / "checkpoints"
+    env = {"HVD_DCASGD_CHECKPOINT_DIR": str(folder)}
+    steps = 20
+    args = ["--steps", steps, "--step-time", 0.01, "--big", 40_000_000]
+    job = Job(tmp_path, *args, env=env, timeout=180)
+    if moment == "workers-leaving":
+        job.wait_for("finished its steps", WORKERS)
+    else:
+        job.wait_for(lambda: list(folder.glob(".checkpoint-*.tmp")))
+    job.signal_ranks(signal.SIGTERM)
+    job.signal_ranks(signal.SIGTERM)
+    status = job.wait()
+    log = job.text()
+    assert status in ((0, 75) if moment == "workers-leaving" else (0,)), log
+    kept = list(folder.glob("checkpoint-*.pt"))
+    assert len(kept) == 1 and not list(folder.glob(".checkpoint-*.tmp")), log
+    assert torch.load(kept[0], weights_only=True)["pushes"] == [steps] * WORKERS, log
+    status, log = run_job(tmp_path, *args, env=env, timeout=180, log="again")
+    assert status == 0, log
+    assert "resuming from update" in log and "starts at step 0" not in log, log
+
+
 def test_a_slow_checkpoint_write_is_not_silence_to_the_waiting_workers(tmp_path):
     """Periodic 400 MB checkpoints, each longer to write than the stall
     timeout: the workers waiting for an answer meanwhile do not end the job

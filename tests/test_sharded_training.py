@@ -116,18 +116,29 @@ def test_restores_and_optimizer_state_on_several_servers_are_those_of_one(tmp_pa
     assert saved[1]["optimizer"]["param_groups"] == saved[0]["optimizer"]["param_groups"]
 
 
-@pytest.mark.parametrize("servers", [2, 3])
-def test_sigterm_stops_every_server_at_one_cut_and_the_same_command_resumes_exactly(tmp_path, servers):
-
+@pytest.mark.parametrize("servers, signals, gap, mca", [
+    (2, (signal.SIGTERM,), 0.0, ()),
+    (3, (signal.SIGTERM,), 0.0, ()),
+    (2, (signal.SIGTERM, signal.SIGUSR1), 0.01, ()),  # scancel, then the batch script's forwarded signal
+    (2, (signal.SIGINT, signal.SIGINT, signal.SIGTERM), 0.0, TCP),
+], ids=["2-term", "3-term", "2-term-usr1-10ms", "2-int-int-term-tcp"])
+def test_stop_signals_stop_every_server_at_one_cut_and_the_same_command_resumes_exactly(tmp_path, servers, signals,
+                                                                                         gap, mca):
+    """One signal, or several in a row with small and zero gaps, to every
+    rank: every server stops at the same cut, once, with status 75; the same
+    command resumes and ends bit for bit on the replay of the whole trace."""
     env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_TRACE": str(tmp_path / "trace"),
            "HVD_DCASGD_SERVERS": str(servers)}
-    job = Job(tmp_path, *TRAINING, env=env, servers=servers)
+    job = Job(tmp_path, *TRAINING, env=env, servers=servers, mca=mca)
     job.wait_for("starts at step 0", WORKERS)
     time.sleep(0.5)
-    job.signal_ranks(signal.SIGTERM)
+    for number in signals:
+        job.signal_ranks(number)
+        time.sleep(gap)
     status = job.wait()
     log = job.text()
     assert status == 75, log
+    assert f"asked by {signals[0].name}" in log, log
     assert log.count("exit status 75 (preempted)") == servers, log
     folders = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert folders == [f"server-{s}-of-{servers}" for s in range(servers)]
@@ -137,7 +148,7 @@ def test_sigterm_stops_every_server_at_one_cut_and_the_same_command_resumes_exac
     assert all(s["pushes"] == states[0]["pushes"] for s in states), "one cut: the same pushes on every server"
     assert 0 < sum(states[0]["pushes"]) < WORKERS * 40
 
-    status, log = run_job(tmp_path, *TRAINING, env=env, log="log2", servers=servers)
+    status, log = run_job(tmp_path, *TRAINING, env=env, log="log2", servers=servers, mca=mca)
     assert status == 0, log
     assert log.count("resuming from update") == servers, log
     assert "starts at step 0" not in log

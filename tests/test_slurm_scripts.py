@@ -149,33 +149,15 @@ def test_a_preempted_job_requeues_itself_and_passes_the_status_on(stand_ins, sta
         assert "one_node.sbatch: the job was stopped and saved a checkpoint in" in result.stdout
 
 
-def test_a_stop_signal_to_the_script_reaches_the_ranks_as_usr1(stand_ins):
-    """SLURM's advance signal (--signal=B:USR1@60) goes to the batch script only."""
+def _signal_one_node_script(stand_ins, number, squeue=None):
+    """Run ``one_node.sbatch`` with stand-in ``srun`` ranks (they say so on
+    USR1 and exit 75) and ``scontrol`` (it echoes), send ``number`` to the
+    batch script once the ranks started; its status and output."""
     executable(stand_ins / "bin" / "srun", "#!/bin/bash\ntrap 'echo ranks got USR1; exit 75' USR1\n"
                                            "echo ranks started\nfor i in $(seq 300); do sleep 0.1; done\nexit 9\n")
     executable(stand_ins / "bin" / "scontrol", "#!/bin/sh\necho \"scontrol $*\"\n")
-    env = {**os.environ, "PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": "srun",
-           "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "3",
-           "SLURM_JOB_ID": "7"}
-    script = subprocess.Popen(["bash", str(ROOT / "slurm" / "one_node.sbatch")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    assert script.stdout.readline().startswith("hvd_dcasgd: 1 server(s) + 2 workers")
-    assert script.stdout.readline() == "ranks started\n"
-    script.send_signal(signal.SIGUSR1)
-    out, _ = script.communicate(timeout=20)
-    assert script.returncode == 75, out
-    assert "ranks got USR1" in out and "scontrol requeue 7" in out, out
-
-
-@pytest.mark.parametrize("number, requeued", [(signal.SIGUSR1, True), (signal.SIGTERM, False), (signal.SIGINT, False)])
-def test_only_a_stop_before_the_time_limit_by_term_or_int_leaves_the_job_cancelled(stand_ins, number, requeued):
-    """The advance signal requeues the stopped job; SIGTERM or SIGINT before
-    the time limit (a plain scancel, SLURM's own requeue) does not."""
-    executable(stand_ins / "bin" / "srun", "#!/bin/bash\ntrap 'exit 75' USR1\n"
-                                           "echo ranks started\nfor i in $(seq 300); do sleep 0.1; done\nexit 9\n")
-    executable(stand_ins / "bin" / "scontrol", "#!/bin/sh\necho \"scontrol $*\"\n")
-    # the job ends in an hour
-    executable(stand_ins / "bin" / "squeue", "#!/bin/sh\ndate -d '+1 hour' +%Y-%m-%dT%H:%M:%S\n")
+    if squeue is not None:
+        executable(stand_ins / "bin" / "squeue", squeue)
     env = {**os.environ, "PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": "srun",
            "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "3",
            "SLURM_JOB_ID": "7"}
@@ -185,7 +167,23 @@ def test_only_a_stop_before_the_time_limit_by_term_or_int_leaves_the_job_cancell
     assert script.stdout.readline() == "ranks started\n"
     script.send_signal(number)
     out, _ = script.communicate(timeout=20)
-    assert script.returncode == 75, out
+    return script.returncode, out
+
+
+def test_a_stop_signal_to_the_script_reaches_the_ranks_as_usr1(stand_ins):
+    """SLURM's advance signal (--signal=B:USR1@60) goes to the batch script only."""
+    status, out = _signal_one_node_script(stand_ins, signal.SIGUSR1)
+    assert status == 75, out
+    assert "ranks got USR1" in out and "scontrol requeue 7" in out, out
+
+
+@pytest.mark.parametrize("number, requeued", [(signal.SIGUSR1, True), (signal.SIGTERM, False), (signal.SIGINT, False)])
+def test_only_a_stop_before_the_time_limit_by_term_or_int_leaves_the_job_cancelled(stand_ins, number, requeued):
+    """The advance signal requeues the stopped job; SIGTERM or SIGINT before
+    the time limit (a plain scancel, SLURM's own requeue) does not."""
+    in_an_hour = "#!/bin/sh\ndate -d '+1 hour' +%Y-%m-%dT%H:%M:%S\n"  # squeue: the job ends in an hour
+    status, out = _signal_one_node_script(stand_ins, number, squeue=in_an_hour)
+    assert status == 75, out
     assert ("scontrol requeue 7" in out) == requeued, out
     assert ("stopped before its time limit (cancelled, or requeued by SLURM)" in out) != requeued, out
 

@@ -91,15 +91,19 @@ def test_without_tensorboard_a_csv_of_the_same_columns_said_once_one_per_server(
         assert any(float(row["compensation_ratio"]) > 0 for row in rows if row["compensation_ratio"])
 
 
-LOGGING = textwrap.dedent("""
-    import logging, sys
-    from hvd_dcasgd.log import get_logger
+USER_HANDLER = textwrap.dedent("""
     if sys.argv[1] == "configured":
         seen = []
         class Keep(logging.Handler):
             def emit(self, record):
                 seen.append((record.name, record.levelname, record.rank, record.getMessage()))
         logging.basicConfig(level=logging.INFO, handlers=[Keep()])
+""")  # with "configured": a user's own handler keeps every record, with its rank
+
+LOGGING = textwrap.dedent("""
+    import logging, sys
+    from hvd_dcasgd.log import get_logger
+""") + USER_HANDLER + textwrap.dedent("""
     get_logger("progress").info("an info line")
     get_logger("server").warning("a warning line")
     if sys.argv[1] == "configured":
@@ -130,12 +134,7 @@ def test_logging_default_handler_user_handler_and_level(tmp_path):
 STALL = textwrap.dedent("""
     import logging, sys
     from hvd_dcasgd.stall import StallWatch
-    if sys.argv[1] == "configured":
-        seen = []
-        class Keep(logging.Handler):
-            def emit(self, record):
-                seen.append((record.name, record.levelname, record.rank, record.getMessage()))
-        logging.basicConfig(level=logging.INFO, handlers=[Keep()])
+""") + USER_HANDLER + textwrap.dedent("""
     now = [0.0]
     watch = StallWatch(["worker 1 (MPI rank 2, host h)"], 1.0, clock=lambda: now[0])
     for _ in range(3):  # the server's loop looks every half second; the worker stays silent

@@ -161,8 +161,11 @@ def _signal_one_node_script(stand_ins, number, squeue=None):
     env = {**os.environ, "PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": "srun",
            "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "3",
            "SLURM_JOB_ID": "7"}
+    # SLURM starts a batch script with every signal's default action; a test run started in the background
+    # (`pytest ... &`) has SIGINT ignored, which bash would inherit and could then not trap
     script = subprocess.Popen(["bash", str(ROOT / "slurm" / "one_node.sbatch")], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+                              stderr=subprocess.STDOUT, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert script.stdout.readline().startswith("hvd_dcasgd: 1 server(s) + 2 workers")
     assert script.stdout.readline() == "ranks started\n"
     script.send_signal(number)

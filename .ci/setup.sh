@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything hvd_dcasgd needs on a fresh Debian machine, idempotently:
-# Open MPI, Fashion-MNIST (the evidence's main task) and an SSH server (for
-# the emulated hosts of tests/cluster/hosts.sh) from Debian's packages, a
+# Open MPI, Fashion-MNIST (the evidence's main task), an SSH server (for
+# the emulated hosts of tests/cluster/hosts.sh) and strace (the tests' slow
+# disk) from Debian's packages, a
 # virtual environment in .venv with the CPU build of torch 2.13.0, mpi4py,
 # this project (with its test extras) and Horovod 0.28.1 built for PyTorch +
 # MPI.  HVD_DCASGD_WITHOUT_HOROVOD=1 skips
@@ -9,11 +10,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! dpkg -s openmpi-bin libopenmpi-dev dataset-fashion-mnist openssh-server >/dev/null 2>&1; then
+if ! dpkg -s openmpi-bin libopenmpi-dev dataset-fashion-mnist openssh-server strace >/dev/null 2>&1; then
     sudo=""
     if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
     $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openmpi-bin libopenmpi-dev dataset-fashion-mnist openssh-server >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq openmpi-bin libopenmpi-dev dataset-fashion-mnist openssh-server strace >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -79,6 +79,7 @@ class WorkerChannel:
         self._server = server or f"the server (MPI rank {control.owner})"
         self._timeout = stall_timeout_seconds()
         self._beat, self._beat_seen, self._beat_read = -1, 0.0, 0.0  # the last heartbeat, when it moved, when read
+        self._looked_at = 0.0  # the last look at the clock while a read of the server was under way
         self._waiting_since: Optional[float] = None  # in a wait for the server since then
         #: The channels to the other servers (several servers): told while this one is waited for.
         self.peers: Sequence["WorkerChannel"] = ()
@@ -120,23 +121,46 @@ class WorkerChannel:
         """Wait until the server answered the last push.  A wait past
         ``HVD_DCASGD_STALL_WARNING`` seconds is said out loud; a server
         silent for ``HVD_DCASGD_STALL_TIMEOUT`` seconds, or an answer that
-        says this worker was dropped, raises."""
+        says this worker was dropped, raises.  The wait does not block
+        inside MPI: while a read of this server is under way (it may be
+        frozen) the worker tells the other servers it is waiting (a write it
+        does not wait for) and watches this one's silence (see
+        :meth:`.ControlWords.load_meanwhile`)."""
         backoff = Backoff()
         watch = None
         while True:
-            replied = self.control.load(_word(self.worker, REPLIED))
+            if backoff.idle > backoff.spins:  # not a quick answer: look at the clock
+                if watch is None:
+                    watch = StallWatch([f"worker {self.worker}: {self._server}"], stall_warning_seconds())
+                    self._beat_read = 0.0  # read the heartbeat at once: is the server writing a checkpoint now?
+                watch.check([True], f"has not answered push {self.pushes - 1}")
+                self._tell_peers()
+                self._check_server_alive()
+            replied = self.control.load_meanwhile(_word(self.worker, REPLIED), self._unanswered)
             if replied & DROPPED_BIT:
                 raise self._dropped()
             if replied & COUNT_MASK >= self.pushes:
                 break
             backoff.wait()
-            if backoff.idle > backoff.spins:  # not a quick answer: look at the clock
-                if watch is None:
-                    watch = StallWatch([f"worker {self.worker}: {self._server}"], stall_warning_seconds())
-                watch.check([True], f"has not answered push {self.pushes - 1}")
-                self._check_server_alive()
-                self._tell_peers()
         self.stopping = bool(replied & STOP_BIT)
+
+    def _unanswered(self) -> None:
+        """While a read of this server's words is under way (it is busy or
+        stopped and calls no MPI): tell the other servers this worker is
+        waiting, and end the job once the server's silence passes the
+        timeout -- unless the last word from it said it was writing a
+        checkpoint (busy, not silent)."""
+        self._tell_peers()
+        if self._timeout is None:
+            return
+        now = time.monotonic()
+        if now - self._looked_at > FROZEN_AFTER:  # this process was not running (frozen): not the server's silence
+            self._beat_seen = max(self._beat_seen, now)
+        self._looked_at = now
+        if self._beat >= 0 and self._beat & WRITING_BIT:  # its last word (if any was read yet) said "writing"
+            self._beat_seen = now
+        elif now - self._beat_seen >= self._timeout:
+            self._raise_silent(now)
 
     def _tell_peers(self) -> None:
         """While this server keeps the worker waiting, count up its waiting
@@ -156,7 +180,7 @@ class WorkerChannel:
         worker waits for another server meanwhile: this one's silence does
         not count either (its answer is in, or not yet awaited)."""
         self._waits += 1
-        self.control.store(_word(self.worker, WAITING), self._waits)
+        self.control.post(_word(self.worker, WAITING), self._waits)  # not waiting on it: that server may be frozen too
         self._beat_seen = max(self._beat_seen, now)
 
     def ask_to_stop(self) -> None:
@@ -175,7 +199,7 @@ class WorkerChannel:
         backoff = Backoff(max_sleep=1e-2)
         self._waiting_since = time.monotonic()
         told = False
-        while not self.control.load(_global_word(self.control, CLOSED)):
+        while not self.control.load_meanwhile(_global_word(self.control, CLOSED), self._unanswered):
             if not told and asked_to_stop():
                 self.ask_to_stop()
                 told = True
@@ -197,7 +221,8 @@ class WorkerChannel:
 
     def _check_server_alive(self) -> None:
         """Raise when the server's heartbeat has not moved for the timeout
-        (read at most every :data:`HEARTBEAT_SECONDS`)."""
+        (read at most every :data:`HEARTBEAT_SECONDS`, without blocking
+        inside MPI: see :meth:`_unanswered`)."""
         if self._timeout is None:
             return
         now = time.monotonic()
@@ -205,14 +230,19 @@ class WorkerChannel:
             return
         if now - self._beat_read > HEARTBEAT_SECONDS + FROZEN_AFTER:  # not looking since (frozen, or stepping):
             self._beat_seen = now  # that time is no silence of the server's
+        self._beat_read = self._looked_at = now
+        beat = self.control.load_meanwhile(_global_word(self.control, HEARTBEAT), self._unanswered)
+        now = time.monotonic()
         self._beat_read = now
-        beat = self.control.load(_global_word(self.control, HEARTBEAT))
         if beat != self._beat or beat & WRITING_BIT:  # it moved, or the server is busy writing a checkpoint
             self._beat, self._beat_seen = beat, now
         elif now - self._beat_seen >= self._timeout:
-            error = HvdDcasgdError(self._server_silent(now - self._beat_seen))
-            error.status = SERVER_SILENT
-            raise error
+            self._raise_silent(now)
+
+    def _raise_silent(self, now: float) -> None:
+        error = HvdDcasgdError(self._server_silent(now - self._beat_seen))
+        error.status = SERVER_SILENT
+        raise error
 
     def _server_silent(self, seconds: float) -> str:
         return (f"hvd_dcasgd: worker {self.worker}: {self._server} has not answered for {seconds:.0f} s "
@@ -308,6 +338,11 @@ class ServerChannel:
         else:
             self._beat_at = 0.0
             self._heartbeat()
+
+    def progress(self) -> None:
+        """Let the workers' one-sided operations on this server's windows
+        move on while it does something else."""
+        self.control.progress()
 
     def reply(self, worker: int, stop: bool = False) -> None:
         """Publish ``worker``'s outbox, which the caller has just written;

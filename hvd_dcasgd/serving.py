@@ -11,11 +11,13 @@ has no branch on the number of servers.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 
+from .channel import ServerChannel
 from .checkpoints import Checkpoints
 from .coordination import Coordination, OneServer
 from .lifecycle import Lifecycle
@@ -25,7 +27,7 @@ from .server import ParameterServer
 from .stall import StallWatch
 from .transport import Backoff
 
-__all__ = ["REQUESTS_INTERVAL", "save", "serve"]
+__all__ = ["REQUESTS_INTERVAL", "save", "save_answering", "serve"]
 
 log = get_logger("server")
 
@@ -42,6 +44,42 @@ def save(server: ParameterServer, checkpoints: Checkpoints, number: Optional[int
     path = checkpoints.write(server.state_dict(), number)
     server.telemetry.note_checkpoint(time.perf_counter() - start)
     return path
+
+
+def save_answering(channel: ServerChannel, write: Callable[[], Any]) -> Any:
+    """Run ``write`` (a checkpoint's) on a thread of its own while this
+    thread tells the workers the server is writing and keeps calling MPI;
+    ``write``'s result, or its exception.  Where one-sided operations
+    progress only while their target calls MPI (Open MPI's osc/pt2pt over
+    TCP), a write in this thread would hold every worker's read of this
+    server, and so its word to the other servers, until the write ended;
+    a long write would read as a silent server.  Nothing is applied
+    meanwhile: pushes arrive in the inboxes and are answered afterwards.
+    Only this thread calls MPI (the thread level may be serialized)."""
+    outcome: List[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((write(), None))
+        except BaseException as exc:  # handed to the serving thread, raised there
+            outcome.append((None, exc))
+
+    writer = threading.Thread(target=run, name="hvd_dcasgd checkpoint write")
+    channel.writing(True)  # a long write is not silence to the waiting workers
+    writer.start()
+    try:
+        while True:
+            writer.join(timeout=1e-3)
+            if not writer.is_alive():
+                break
+            channel.progress()
+    finally:
+        writer.join()
+        channel.writing(False)
+    result, error = outcome[0]
+    if error is not None:
+        raise error
+    return result
 
 
 def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
@@ -113,11 +151,7 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
         due = coordination.due(server, lifecycle.stopped)
         if due is not None:
             if coordination.checkpoints is not None:
-                channel.writing(True)  # a long write is not silence to the waiting workers
-                try:
-                    save(server, coordination.checkpoints, due.number)
-                finally:
-                    channel.writing(False)
+                save_answering(channel, lambda: save(server, coordination.checkpoints, due.number))
             if due.stop:
                 lifecycle.stop(at=server.updates)
         if answered:

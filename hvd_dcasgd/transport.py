@@ -20,7 +20,7 @@ asynchronous progress).
 from __future__ import annotations
 
 import time
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -42,6 +42,11 @@ def _pieces(nbytes: int):
 
 def _aligned(nbytes: int) -> int:
     return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+#: Reads given up while under way (the rank is ending): their requests and
+#: result buffers, which MPI may still complete and write into.
+_abandoned: list = []
 
 
 class _Freed:
@@ -100,6 +105,7 @@ class ControlWords:
         self._operand = np.zeros(1, dtype=np.int64)
         self._result = np.zeros(1, dtype=np.int64)
         self._zeros = np.zeros(count, dtype=np.int64)  # the operand of load_all's NO_OP
+        self._posted: Optional[Tuple[Any, np.ndarray, np.ndarray]] = None  # the post under way, if any
 
     def _fetch_and_op(self, index: int, value: int, op: Any) -> int:
         self._operand[0] = value
@@ -110,6 +116,41 @@ class ControlWords:
     def load(self, index: int) -> int:
         """Atomically read word ``index``."""
         return self._fetch_and_op(index, 0, self._mpi.NO_OP)
+
+    def load_meanwhile(self, index: int, meanwhile: Callable[[], None]) -> int:
+        """Atomically read word ``index``, as :meth:`load`, calling
+        ``meanwhile()`` until the value has arrived.  Where one-sided
+        operations progress only while their target calls MPI (Open MPI's
+        osc/pt2pt over TCP), a read of an owner that is busy or stopped
+        waits until it calls MPI again: this rank goes on with ``meanwhile``
+        (which may raise to give up) instead of blocking inside MPI."""
+        result = np.zeros(1, dtype=np.int64)  # its own: ``meanwhile`` may read a word too
+        request = self.win.Rget_accumulate(self._zeros[:1], result, self.owner, (index, 1), self._mpi.NO_OP)
+        backoff = Backoff()
+        try:
+            while not request.Test():
+                meanwhile()
+                backoff.wait()
+        except BaseException:
+            _abandoned.append((request, result))  # MPI may still write the result: keep both alive
+            raise
+        return int(result[0])
+
+    def post(self, index: int, value: int) -> bool:
+        """Start an atomic write of ``value`` into word ``index`` and return
+        without waiting for it: where one-sided operations progress only
+        while their target calls MPI, it lands once the owner calls MPI
+        again.  While the previous post is still under way, nothing is
+        written and the answer is False (for a word that only counts up,
+        the next post carries the news)."""
+        if self._posted is not None:
+            if not self._posted[0].Test():
+                return False
+            self._posted = None
+        operand, result = np.array([value], dtype=np.int64), np.zeros(1, dtype=np.int64)
+        request = self.win.Rget_accumulate(operand, result, self.owner, (index, 1), self._mpi.REPLACE)
+        self._posted = (request, operand, result)  # the buffers stay alive while MPI may use them
+        return True
 
     def store(self, index: int, value: int) -> None:
         """Atomically write ``value`` into word ``index``."""
@@ -126,9 +167,19 @@ class ControlWords:
         self.win.Flush(self.owner)
         return out
 
+    def progress(self) -> None:
+        """One turn of MPI's progress engine, so that one-sided operations
+        aimed at this rank move on: a probe for a message, which every
+        transport answers by making progress (an operation on one's own
+        window need not)."""
+        self._mpi.COMM_SELF.Iprobe(self._mpi.ANY_SOURCE, self._mpi.ANY_TAG)
+
     def free(self) -> None:
-        """Close the access epoch and free the window (collective); a second
-        call does nothing."""
+        """Complete a post under way, close the access epoch and free the
+        window (collective); a second call does nothing."""
+        if self._posted is not None:
+            self._posted[0].Wait()
+            self._posted = None
         free_window(self)
 
 

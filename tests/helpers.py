@@ -13,6 +13,7 @@ import copy
 import json
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -136,6 +137,42 @@ class Job(BackgroundJob):
     def signal_ranks(self, number, ranks=None) -> None:
         for rank in range(self.ranks) if ranks is None else ranks:
             os.kill(self.pid(rank), number)
+
+
+class SlowDisk:
+    """Every ``fsync`` of process ``pid`` (all its threads) takes ``seconds``
+    longer, from now until :meth:`end`: a slow disk (an overloaded network
+    file system) for that process alone, by ``strace``'s fault injection,
+    with nothing changed in the process.  Returns once strace is attached."""
+
+    def __init__(self, pid: int, seconds: float, log: Path):
+        if shutil.which("strace") is None:
+            unavailable("strace is not installed (the set-up installs it)")
+        self.pid, self.log = pid, log
+        self.proc = subprocess.Popen(["strace", "-f", "--seccomp-bpf", "-qq", "-o", str(log), "-e", "trace=fsync",
+                                      "-e", f"inject=fsync:delay_enter={int(seconds * 1e6)}", "-p", str(pid)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 10
+        while self._tracer() in (None, 0):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"strace could not attach to process {pid} (status {self.proc.poll()})")
+            time.sleep(0.01)
+
+    def _tracer(self):
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text()
+        except OSError:
+            return None
+        return int(next(line.split()[1] for line in status.splitlines() if line.startswith("TracerPid:")))
+
+    def slowed(self) -> int:
+        """How many fsync calls were slowed so far."""
+        return self.log.read_text().count("fsync(") if self.log.exists() else 0
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # strace detaches and leaves the process running
+            self.proc.wait(timeout=30)
 
 
 def run_job(out, *args, **kwargs):

@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from helpers import (PROGRAMS, TCP, TRAINING, WORKERS, Job, check_final_weights, check_history,
+from helpers import (PROGRAMS, TCP, TRAINING, WORKERS, Job, SlowDisk, check_final_weights, check_history,
                      run_job, trace)
 
 
@@ -158,16 +158,28 @@ def test_signals_after_the_last_step_lose_nothing(tmp_path, moment):
     assert "resuming from update" in log and "starts at step 0" not in log, log
 
 
-def test_a_slow_checkpoint_write_is_not_silence_to_the_waiting_workers(tmp_path):
-    """Periodic 400 MB checkpoints, each longer to write than the stall
-    timeout: the workers waiting for an answer meanwhile do not end the job
-    (the server marks its heartbeat while it writes)."""
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_slow_checkpoint_write_is_not_silence_to_the_waiting_workers(tmp_path, transport):
+    """Periodic checkpoints on a slow disk (every fsync of the server takes
+    2.5 s, by strace), each write longer than the 1 s stall timeout and its
+    margins: the workers waiting for an answer meanwhile do not end the job
+    (the server marks its heartbeat while it writes).  Over TCP (osc/pt2pt)
+    a worker's read of the server moves only while the server calls MPI:
+    the server keeps calling it while another thread writes."""
     env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.5",
            "HVD_DCASGD_STALL_TIMEOUT": "1"}
-    status, log = run_job(tmp_path, "--steps", 60, "--step-time", 0.02, "--big", 100_000_000, env=env, timeout=240)
+    job = Job(tmp_path, "--steps", 40, "--step-time", 0.02, env=env, mca=TRANSPORTS[transport], timeout=240)
+    job.wait_for("starts at step 0", WORKERS)
+    disk = SlowDisk(job.pid(0), 2.5, tmp_path / "strace")
+    try:
+        status = job.wait()
+    finally:
+        disk.end()
+    log = job.text()
     assert status == 0, log
     assert "has not answered" not in log and "dropped" not in log, log
-    assert len(list((tmp_path / "checkpoints").glob("checkpoint-*.pt"))) == 2, log  # a periodic one, the final one
+    assert disk.slowed() >= 4, log  # a periodic checkpoint and the final one, each a file and its folder
+    assert len(list((tmp_path / "checkpoints").glob("checkpoint-*.pt"))) == 2, log
 
 
 def test_a_suspended_job_resumes_training_without_drops(tmp_path):

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from helpers import (PROGRAMS, TCP, TRAINING, WORKERS, Job, check_resumed_sharded, flat_ab, mpirun,
+from helpers import (PROGRAMS, TCP, TRAINING, WORKERS, Job, SlowDisk, check_resumed_sharded, flat_ab, mpirun,
                      per_shard, run_job, sharded_replay)
 
 sys.path.insert(0, str(PROGRAMS))
@@ -206,7 +206,9 @@ def test_workers_waiting_for_a_slow_server_are_not_silent_to_the_first(tmp_path)
     write, for longer than the stall timeout, then goes on (SIGCONT).  The
     workers wait for its answer (its heartbeat says it is writing) and
     meanwhile owe the first server their next push: they tell it they are
-    waiting, so it drops nobody, and the job finishes."""
+    waiting, so it drops nobody, and the job finishes.  (Over TCP a frozen
+    server answers no read, not even of its heartbeat: there, the next test
+    makes it slow instead.)"""
     servers = 2
     env = {"HVD_DCASGD_STALL_TIMEOUT": "2", "HVD_DCASGD_SERVERS": str(servers),
            "HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.5"}
@@ -215,8 +217,9 @@ def test_workers_waiting_for_a_slow_server_are_not_silent_to_the_first(tmp_path)
     folder = tmp_path / "checkpoints" / f"server-1-of-{servers}"
     while True:
         job.wait_for(lambda: any(folder.glob(".checkpoint-*.tmp")))  # the second server writes its part of a cut
+        writing = set(folder.glob(".checkpoint-*.tmp"))
         job.signal_ranks(signal.SIGSTOP, ranks=[1])
-        if any(folder.glob(".checkpoint-*.tmp")):  # frozen in the middle of the write
+        if writing & set(folder.glob(".checkpoint-*.tmp")):  # frozen in the middle of that write
             break
         job.signal_ranks(signal.SIGCONT, ranks=[1])  # the write ended just before: wait for the next one
     time.sleep(5)  # the timeout, its margins, and more
@@ -226,3 +229,28 @@ def test_workers_waiting_for_a_slow_server_are_not_silent_to_the_first(tmp_path)
     assert status == 0, log
     assert "dropped" not in log and "has not answered" not in log and "has not pushed" not in log, log
     assert all(f"worker {m} done: 60 steps" in log for m in range(WORKERS)), log
+
+
+def test_workers_waiting_for_a_server_slow_to_write_are_not_silent_to_the_first_over_tcp(tmp_path):
+    """Over TCP (osc/pt2pt), where a read of a server moves only while that
+    server calls MPI: every fsync of the second server takes 2.5 s (a slow
+    disk, by strace), so its part of each cut (every 6 s) takes 5 s to
+    write, past the 1 s stall timeout and its margins.  It writes on another thread and
+    keeps calling MPI, so the workers read that it is writing; waiting for
+    it, they keep telling the first server they are waiting, without
+    blocking inside MPI.  Nobody is dropped and the job finishes."""
+    servers = 2
+    env = {"HVD_DCASGD_STALL_TIMEOUT": "1", "HVD_DCASGD_SERVERS": str(servers),
+           "HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_CHECKPOINT_INTERVAL": "6"}
+    job = Job(tmp_path, "--steps", 160, "--step-time", 0.05, env=env, servers=servers, mca=TCP, timeout=240)
+    job.wait_for("starts at step 0", WORKERS)
+    disk = SlowDisk(job.pid(1), 2.5, tmp_path / "strace")
+    try:
+        status = job.wait()
+    finally:
+        disk.end()
+    log = job.text()
+    assert status == 0, log
+    assert "dropped" not in log and "has not answered" not in log and "has not pushed" not in log, log
+    assert all(f"worker {m} done: 160 steps" in log for m in range(WORKERS)), log
+    assert disk.slowed() >= 4, log  # at least a cut and the final checkpoint, each a file and its folder

@@ -10,6 +10,8 @@ pytestmark = [pytest.mark.mpi]
 CHECKS = [
     "ok control words: atomic add",
     "ok control words: store/load_all",
+    "ok control words: load_meanwhile",
+    "ok control words: post",
     "ok mailboxes: put then get",
     "ok channel: exactly once, in order",
 ]

@@ -6,6 +6,7 @@ Channel: pushes are seen exactly once, in order, under contention.
 """
 
 import sys
+import time
 
 import numpy as np
 import torch
@@ -37,6 +38,17 @@ words.store(rank + 1, rank + 1)
 comm.Barrier()
 check("control words: atomic add", words.load(0) == ADDS * size)
 check("control words: store/load_all", list(words.load_all()[1:]) == list(range(1, size + 1)))
+# the request-based read gives the same atomic value, also while the owner computes without calling MPI
+# (over TCP the read then waits for it, and the reader goes on with ``meanwhile`` instead of blocking)
+comm.Barrier()
+if rank == 0:
+    time.sleep(0.3)
+looks = []
+value = words.load_meanwhile(0, lambda: looks.append(1))
+check("control words: load_meanwhile", value == ADDS * size)
+# a post is not waited for; a later atomic read of the same word from the same rank comes after it
+words.post(rank + 1, 100 + rank)
+check("control words: post", words.load(rank + 1) == 100 + rank)
 words.free()
 
 # 2. mailboxes: worker j puts a pattern, the owner echoes it doubled into j's outbox

@@ -126,6 +126,7 @@ class WorkerChannel:
         frozen) the worker tells the other servers it is waiting (a write it
         does not wait for) and watches this one's silence (see
         :meth:`.ControlWords.load_meanwhile`)."""
+        self._begin_wait()
         backoff = Backoff()
         watch = None
         while True:
@@ -143,6 +144,15 @@ class WorkerChannel:
                 break
             backoff.wait()
         self.stopping = bool(replied & STOP_BIT)
+
+    def _begin_wait(self) -> None:
+        """A wait for the server begins: its silence counts from now, and a
+        "writing" read in an earlier wait is no news any more (only a read
+        of the heartbeat in this wait can say the server is busy)."""
+        now = time.monotonic()
+        self._beat_seen = self._looked_at = max(self._beat_seen, now)
+        if self._beat >= 0:
+            self._beat &= ~WRITING_BIT
 
     def _unanswered(self) -> None:
         """While a read of this server's words is under way (it is busy or
@@ -198,6 +208,7 @@ class WorkerChannel:
         ask the server to stop: the others stop after their step."""
         backoff = Backoff(max_sleep=1e-2)
         self._waiting_since = time.monotonic()
+        self._begin_wait()
         told = False
         while not self.control.load_meanwhile(_global_word(self.control, CLOSED), self._unanswered):
             if not told and asked_to_stop():

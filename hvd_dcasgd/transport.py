@@ -87,8 +87,10 @@ class Backoff:
 class ControlWords:
     """``count`` int64 words in ``owner``'s memory, read and written atomically.
 
-    Every operation is flushed before it returns, so its effect is visible to
-    every other rank (and ordered after any data the caller flushed before).
+    Every operation but :meth:`post` is complete when it returns (flushed, or
+    its request completed and the memory synchronised), so its effect is
+    visible to every other rank (and ordered after any data the caller
+    flushed before); a post lands at the latest with the next flush.
     """
 
     def __init__(self, mpi: Any, comm: Any, count: int, owner: int = 0):
@@ -105,7 +107,8 @@ class ControlWords:
         self._operand = np.zeros(1, dtype=np.int64)
         self._result = np.zeros(1, dtype=np.int64)
         self._zeros = np.zeros(count, dtype=np.int64)  # the operand of load_all's NO_OP
-        self._posted: Optional[Tuple[Any, np.ndarray, np.ndarray]] = None  # the post under way, if any
+        self._posted: Optional[Tuple[Any, np.ndarray]] = None  # the post under way, if any, and its operand
+        self._pending = np.zeros(1, dtype=np.int64)  # load_meanwhile's result
 
     def _fetch_and_op(self, index: int, value: int, op: Any) -> int:
         self._operand[0] = value
@@ -123,17 +126,21 @@ class ControlWords:
         operations progress only while their target calls MPI (Open MPI's
         osc/pt2pt over TCP), a read of an owner that is busy or stopped
         waits until it calls MPI again: this rank goes on with ``meanwhile``
-        (which may raise to give up) instead of blocking inside MPI."""
-        result = np.zeros(1, dtype=np.int64)  # its own: ``meanwhile`` may read a word too
+        (which may raise to give up, and does not read this window's words
+        this way itself) instead of blocking inside MPI."""
+        result = self._pending
         request = self.win.Rget_accumulate(self._zeros[:1], result, self.owner, (index, 1), self._mpi.NO_OP)
-        backoff = Backoff()
-        try:
-            while not request.Test():
-                meanwhile()
-                backoff.wait()
-        except BaseException:
-            _abandoned.append((request, result))  # MPI may still write the result: keep both alive
-            raise
+        if not request.Test():
+            backoff = Backoff()
+            try:
+                while not request.Test():
+                    meanwhile()
+                    backoff.wait()
+            except BaseException:
+                _abandoned.append((request, result))  # MPI may still write the result: keep both alive
+                self._pending = np.zeros(1, dtype=np.int64)
+                raise
+        self.win.Sync()  # a memory barrier, as the flush of load is: what the caller reads next comes after
         return int(result[0])
 
     def post(self, index: int, value: int) -> bool:
@@ -147,9 +154,9 @@ class ControlWords:
             if not self._posted[0].Test():
                 return False
             self._posted = None
-        operand, result = np.array([value], dtype=np.int64), np.zeros(1, dtype=np.int64)
-        request = self.win.Rget_accumulate(operand, result, self.owner, (index, 1), self._mpi.REPLACE)
-        self._posted = (request, operand, result)  # the buffers stay alive while MPI may use them
+        operand = np.array([value], dtype=np.int64)
+        self._posted = (self.win.Raccumulate(operand, self.owner, (index, 1), self._mpi.REPLACE),
+                        operand)  # the operand stays alive while MPI may read it
         return True
 
     def store(self, index: int, value: int) -> None:

@@ -2,8 +2,9 @@
 frozen server does over TCP (Open MPI's osc/pt2pt moves a one-sided
 operation only while its target calls MPI).  A stand-in for the control
 window plays that server, so the wait's clock is checked in one process;
-the jobs in test_reliability.py and test_sharded_training.py do the same
-with real servers frozen by SIGSTOP, over shared memory and TCP."""
+the jobs in test_reliability.py and test_sharded_training.py check the
+whole over shared memory and TCP, with servers frozen by SIGSTOP or slowed
+by a slow disk."""
 
 import time
 
@@ -31,13 +32,14 @@ class StoppingServer:
 
     def _answer(self):
         if time.monotonic() >= self.frozen[1]:
-            self.words[REPLIED] = 1
+            self.words[REPLIED] = max(self.words[REPLIED], 1)
 
     def load(self, index):
         self._answer()
         return int(self.words[index])
 
     def load_meanwhile(self, index, meanwhile):
+        meanwhile()  # over TCP even a quick read takes a round trip: the first test of it fails
         while self.frozen[0] <= time.monotonic() < self.frozen[1]:
             meanwhile()
             time.sleep(1e-3)
@@ -84,3 +86,33 @@ def test_a_server_frozen_while_it_writes_a_checkpoint_is_waited_for(monkeypatch)
     channel.await_answer()
     assert peer_server.stores.get(WAITING, 0) >= 4
     assert not channel.stopping
+
+
+def test_quick_answers_for_longer_than_the_timeout_are_no_silence(monkeypatch):
+    """Every push answered at once (each read a round trip) for 2.5 s, past
+    the 1 s timeout: no wait raises, since each one's silence counts from
+    its start."""
+    monkeypatch.setenv("HVD_DCASGD_STALL_TIMEOUT", "1")
+    server = StoppingServer(heartbeat=3, frozen_until=0.0)  # never frozen
+    channel = worker_of(server, StoppingServer(heartbeat=0))
+    started = time.monotonic()
+    waits = 0
+    while time.monotonic() - started < 2.5:
+        server.words[REPLIED] = channel.pushes
+        channel.await_answer()
+        channel.pushes += 1
+        waits += 1
+        time.sleep(0.01)  # the step
+    assert waits > 50
+
+
+def test_a_writing_mark_from_an_earlier_wait_is_no_news(monkeypatch):
+    """The server said it was writing during an earlier wait; in this wait
+    its reads hang from the start: it is silent after the timeout (a server
+    frozen on its own after a checkpoint does not hang the worker)."""
+    monkeypatch.setenv("HVD_DCASGD_STALL_TIMEOUT", "1")
+    channel = worker_of(StoppingServer(heartbeat=9 | WRITING_BIT, frozen_until=10.0), StoppingServer(heartbeat=0))
+    channel._beat = 9 | WRITING_BIT  # read in an earlier wait
+    with pytest.raises(HvdDcasgdError, match="has not answered") as raised:
+        channel.await_answer()
+    assert raised.value.status == SERVER_SILENT

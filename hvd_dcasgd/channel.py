@@ -83,7 +83,7 @@ class WorkerChannel:
         self._waiting_since: Optional[float] = None  # in a wait for the server since then
         #: The channels to the other servers (several servers): told while this one is waited for.
         self.peers: Sequence["WorkerChannel"] = ()
-        self._waits, self._told_at = 0, 0.0  # this worker's waiting word here, when the peers were last told
+        self._told_at = 0.0  # when the peers were last told
         if self._timeout is not None:
             self._start_watchdog()
 
@@ -189,8 +189,7 @@ class WorkerChannel:
         """Count up this worker's waiting word at this channel's server.  The
         worker waits for another server meanwhile: this one's silence does
         not count either (its answer is in, or not yet awaited)."""
-        self._waits += 1
-        self.control.post(_word(self.worker, WAITING), self._waits)  # not waiting on it: that server may be frozen too
+        self.control.post_add(_word(self.worker, WAITING), 1)  # not waited for: that server may be frozen too
         self._beat_seen = max(self._beat_seen, now)
 
     def ask_to_stop(self) -> None:

@@ -87,7 +87,7 @@ class Backoff:
 class ControlWords:
     """``count`` int64 words in ``owner``'s memory, read and written atomically.
 
-    Every operation but :meth:`post` is complete when it returns (flushed, or
+    Every operation but :meth:`post_add` is complete when it returns (flushed, or
     its request completed and the memory synchronised), so its effect is
     visible to every other rank (and ordered after any data the caller
     flushed before); a post lands at the latest with the next flush.
@@ -107,7 +107,7 @@ class ControlWords:
         self._operand = np.zeros(1, dtype=np.int64)
         self._result = np.zeros(1, dtype=np.int64)
         self._zeros = np.zeros(count, dtype=np.int64)  # the operand of load_all's NO_OP
-        self._posted: Optional[Tuple[Any, np.ndarray]] = None  # the post under way, if any, and its operand
+        self._posted: Optional[Tuple[Any, np.ndarray, np.ndarray]] = None  # the post under way, its buffers
         self._pending = np.zeros(1, dtype=np.int64)  # load_meanwhile's result
 
     def _fetch_and_op(self, index: int, value: int, op: Any) -> int:
@@ -143,20 +143,23 @@ class ControlWords:
         self.win.Sync()  # a memory barrier, as the flush of load is: what the caller reads next comes after
         return int(result[0])
 
-    def post(self, index: int, value: int) -> bool:
-        """Start an atomic write of ``value`` into word ``index`` and return
+    def post_add(self, index: int, value: int) -> bool:
+        """Start an atomic add of ``value`` to word ``index`` and return
         without waiting for it: where one-sided operations progress only
         while their target calls MPI, it lands once the owner calls MPI
         again.  While the previous post is still under way, nothing is
-        written and the answer is False (for a word that only counts up,
-        the next post carries the news)."""
+        added and the answer is False (for a word that only has to move,
+        the next post carries the news).  The add fetches the old value
+        (``Rget_accumulate``): a request that completes has reached the
+        owner, where a bare ``Raccumulate`` may complete while still queued
+        at this rank."""
         if self._posted is not None:
             if not self._posted[0].Test():
                 return False
             self._posted = None
-        operand = np.array([value], dtype=np.int64)
-        self._posted = (self.win.Raccumulate(operand, self.owner, (index, 1), self._mpi.REPLACE),
-                        operand)  # the operand stays alive while MPI may read it
+        operand, result = np.array([value], dtype=np.int64), np.zeros(1, dtype=np.int64)
+        request = self.win.Rget_accumulate(operand, result, self.owner, (index, 1), self._mpi.SUM)
+        self._posted = (request, operand, result)  # the buffers stay alive while MPI may use them
         return True
 
     def store(self, index: int, value: int) -> None:

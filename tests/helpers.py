@@ -151,13 +151,15 @@ class SlowDisk:
         if shutil.which("strace") is None:
             unavailable("strace is not installed (the set-up installs it)")
         self.pid, self.log = pid, log
-        self.proc = subprocess.Popen(["strace", "-f", "-qq", "-o", str(log), "-e", "trace=fsync",
-                                      "-e", f"inject=fsync:delay_enter={int(seconds * 1e6)}", "-p", str(pid)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        errors = log.with_suffix(".stderr")
+        with open(errors, "w") as err:  # a file, not a pipe: a full pipe would stop strace and the process
+            self.proc = subprocess.Popen(["strace", "-f", "-qq", "-o", str(log), "-e", "trace=fsync",
+                                          "-e", f"inject=fsync:delay_enter={int(seconds * 1e6)}", "-p", str(pid)],
+                                         stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + 10
         while self._tracer() in (None, 0):
             if self.proc.poll() is not None:
-                unavailable(f"strace cannot attach to process {pid} here: {self.proc.stderr.read().strip()}")
+                unavailable(f"strace cannot attach to process {pid} here: {errors.read_text().strip()}")
             if time.monotonic() > deadline:
                 pytest.fail(f"strace did not attach to process {pid} within 10 s")
             time.sleep(0.01)
@@ -176,7 +178,11 @@ class SlowDisk:
     def end(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()  # strace detaches and leaves the process running
-            self.proc.wait(timeout=30)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:  # strace can hang on a tracee gone in a delayed call
+                self.proc.kill()  # the kernel detaches what it still traced
+                self.proc.wait()
 
 
 def run_job(out, *args, **kwargs):

@@ -45,8 +45,8 @@ class StoppingServer:
             time.sleep(1e-3)
         return self.load(index)
 
-    def post(self, index, value):
-        self.store(index, value)
+    def post_add(self, index, value):
+        self.store(index, self.words[index] + value)
         return True
 
     def store(self, index, value):

@@ -47,8 +47,8 @@ looks = []
 value = words.load_meanwhile(0, lambda: looks.append(1))
 check("control words: load_meanwhile", value == ADDS * size)
 # a post is not waited for; a later atomic read of the same word from the same rank comes after it
-words.post(rank + 1, 100 + rank)
-check("control words: post", words.load(rank + 1) == 100 + rank)
+words.post_add(rank + 1, 100)
+check("control words: post", words.load(rank + 1) == rank + 101)
 words.free()
 
 # 2. mailboxes: worker j puts a pattern, the owner echoes it doubled into j's outbox

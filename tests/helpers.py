@@ -185,6 +185,19 @@ class SlowDisk:
                 self.proc.wait()
 
 
+def run_on_slow_disk(job: "Job", rank: int, seconds: float = 2.5):
+    """Once every worker of ``job`` has started, make every fsync of world
+    rank ``rank`` take ``seconds`` longer (:class:`SlowDisk`) until the job
+    ends: its status, its output and how many fsync calls were slowed."""
+    job.wait_for("starts at step 0", WORKERS)
+    disk = SlowDisk(job.pid(rank), seconds, job.out / "strace")
+    try:
+        status = job.wait()
+    finally:
+        disk.end()
+    return status, job.text(), disk.slowed()
+
+
 def run_job(out, *args, **kwargs):
     job = Job(out, *args, **kwargs)
     status = job.wait()

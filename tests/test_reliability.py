@@ -18,8 +18,8 @@ import time
 import pytest
 import torch
 
-from helpers import (PROGRAMS, TCP, TRAINING, WORKERS, Job, SlowDisk, check_final_weights, check_history,
-                     run_job, trace)
+from helpers import (PROGRAMS, TCP, TRAINING, WORKERS, Job, check_final_weights, check_history, run_job,
+                     run_on_slow_disk, trace)
 
 
 sys.path.insert(0, str(PROGRAMS))
@@ -169,16 +169,10 @@ def test_a_slow_checkpoint_write_is_not_silence_to_the_waiting_workers(tmp_path,
     env = {"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_CHECKPOINT_INTERVAL": "0.5",
            "HVD_DCASGD_STALL_TIMEOUT": "1"}
     job = Job(tmp_path, "--steps", 40, "--step-time", 0.02, env=env, mca=TRANSPORTS[transport], timeout=240)
-    job.wait_for("starts at step 0", WORKERS)
-    disk = SlowDisk(job.pid(0), 2.5, tmp_path / "strace")
-    try:
-        status = job.wait()
-    finally:
-        disk.end()
-    log = job.text()
+    status, log, slowed = run_on_slow_disk(job, rank=0)
     assert status == 0, log
     assert "has not answered" not in log and "dropped" not in log, log
-    assert disk.slowed() >= 4, log  # a periodic checkpoint and the final one, each a file and its folder
+    assert slowed >= 4, log  # a periodic checkpoint and the final one, each a file and its folder
     assert len(list((tmp_path / "checkpoints").glob("checkpoint-*.pt"))) == 2, log
 
 

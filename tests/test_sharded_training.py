@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from helpers import (PROGRAMS, TCP, TRAINING, WORKERS, Job, SlowDisk, check_resumed_sharded, flat_ab, mpirun,
-                     per_shard, run_job, sharded_replay)
+from helpers import (PROGRAMS, TCP, TRAINING, WORKERS, Job, check_resumed_sharded, flat_ab, mpirun,
+                     per_shard, run_job, run_on_slow_disk, sharded_replay)
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -243,14 +243,8 @@ def test_workers_waiting_for_a_server_slow_to_write_are_not_silent_to_the_first_
     env = {"HVD_DCASGD_STALL_TIMEOUT": "1", "HVD_DCASGD_SERVERS": str(servers),
            "HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), "HVD_DCASGD_CHECKPOINT_INTERVAL": "6"}
     job = Job(tmp_path, "--steps", 160, "--step-time", 0.05, env=env, servers=servers, mca=TCP, timeout=240)
-    job.wait_for("starts at step 0", WORKERS)
-    disk = SlowDisk(job.pid(1), 2.5, tmp_path / "strace")
-    try:
-        status = job.wait()
-    finally:
-        disk.end()
-    log = job.text()
+    status, log, slowed = run_on_slow_disk(job, rank=1)
     assert status == 0, log
     assert "dropped" not in log and "has not answered" not in log and "has not pushed" not in log, log
     assert all(f"worker {m} done: 160 steps" in log for m in range(WORKERS)), log
-    assert disk.slowed() >= 4, log  # at least a cut and the final checkpoint, each a file and its folder
+    assert slowed >= 4, log  # at least a cut and the final checkpoint, each a file and its folder

@@ -28,11 +28,13 @@ tag                                 what it is, over the last interval
 ``worker<m>/seconds_since_push``    seconds since worker m's last push
 ==================================  ===========================================================
 
-``compensation_ratio`` is sampled: the first push of each interval (of the
-next worker in turn, among those found waiting together) is compensated as
-its update will be, on copies of every k-th element (about 65,536 elements,
-an even sample of every layer; the training untouched); an interval without
-a push has none.
+``compensation_ratio`` is sampled: the first stale push of each interval
+(one computed on weights older than the server's, the pushes the rule
+compensates) is compensated as its update is about to, on copies of every
+k-th element (about 65,536 elements, an even sample of every layer; the
+training untouched); an interval without a stale push has none.  A push
+computed on the current weights is left out: its ratio is 0 whatever the
+rule, and where pushes come in pairs half the samples would be that 0.
 """
 
 from __future__ import annotations
@@ -194,7 +196,6 @@ class Metrics:
                             "files)")
         self.output = _TensorBoard(path) if tensorboard else _CSV(path, columns)
         self.last = Reading(telemetry)
-        self.next_worker = 0
         self.wants_sample = self.sampled  # the interval's compensation_ratio is still to be sampled
         self.ratio: Optional[float] = None  # ... or this
         self.scratch: Dict[str, torch.Tensor] = {}  # the sample's copies, allocated once
@@ -211,14 +212,13 @@ class Metrics:
         self.last = now
         return figures
 
-    def sample(self, ready: Sequence[int]) -> None:
-        """Take the interval's compensation_ratio from the pushes waiting to be
-        applied (``ready``, not empty): mean |compensated g - g| / mean |g|
-        of the next worker in turn among them, on copies."""
-        later = [m for m in ready if m >= self.next_worker]
-        m = min(later) if later else min(ready)
-        self.next_worker = (m + 1) % self.num_workers
-        self.ratio = _compensation_ratio(self.server, m, self.scratch)
+    def sample(self, worker: int) -> None:
+        """Take the interval's compensation_ratio from ``worker``'s push, about
+        to be applied, if it is stale: mean |compensated g - g| / mean |g|, on
+        copies."""
+        if self.server.updates == self.server.sent_at[worker]:
+            return  # computed on the current weights: nothing to compensate
+        self.ratio = _compensation_ratio(self.server, worker, self.scratch)
         self.wants_sample = False
 
     def close(self) -> None:

@@ -1,8 +1,9 @@
 """What the server's loop calls to be watched: metrics and progress lines.
 
 The loop makes one :class:`Monitor` and calls :meth:`Monitor.tick` once per
-turn, after the poll (a clock read, nothing more, until something is due;
-once per interval a push is sampled for ``compensation_ratio``) and
+turn, after the poll (a clock read, nothing more, until something is due),
+:meth:`Monitor.applying` before each push it applies (a flag read; once per
+interval a stale push is sampled for ``compensation_ratio``) and
 :meth:`Monitor.close` at the end; a checkpoint notes its own time in the
 telemetry (:meth:`.telemetry.Telemetry.note_checkpoint`).  What is due
 comes from :mod:`.metrics` (``HVD_DCASGD_METRICS``) and :mod:`.progress`
@@ -50,12 +51,9 @@ class Monitor:
         self.progress_due = now + self.progress_every
         self.due = min(self.metrics_due, self.progress_due)
 
-    def tick(self, ready: Sequence[int] = (), left: Sequence[bool] = ()) -> None:
-        """Write or log what is due.  What the poll just found: ``ready``, the
-        workers whose push waits to be applied; ``left[m]``, worker m has left
-        (or was dropped)."""
-        if ready and self.metrics is not None and self.metrics.wants_sample:
-            self.metrics.sample(ready)
+    def tick(self, left: Sequence[bool] = ()) -> None:
+        """Write or log what is due.  ``left[m]``: worker m has left (or was
+        dropped), as the poll just found."""
         now = time.monotonic()
         if now < self.due:
             return
@@ -66,6 +64,12 @@ class Monitor:
             self.progress.report(left)
             self.progress_due = now + self.progress_every
         self.due = min(self.metrics_due, self.progress_due)
+
+    def applying(self, worker: int) -> None:
+        """``worker``'s push is applied next (the interval's compensation_ratio
+        may be sampled from it)."""
+        if self.metrics is not None and self.metrics.wants_sample:
+            self.metrics.sample(worker)
 
     def close(self) -> None:
         """Write the last interval's metrics and close the files."""

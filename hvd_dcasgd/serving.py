@@ -122,7 +122,7 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
         for m in coordination.dropped_elsewhere():  # the poll counts them as gone
             channel.drop(m)
         ready, left = channel.poll()
-        monitor.tick(ready, left)
+        monitor.tick(left)
         if watch is not None:
             _drop_silent(server, coordination, watch, ready, left)
         stopped = lifecycle.stopped
@@ -142,6 +142,7 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
                 answered = ready if stopping_now else []
         else:
             for m in ready:
+                monitor.applying(m)
                 server.apply(m)
             answered = ready
         for m in answered:

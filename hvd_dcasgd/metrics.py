@@ -180,13 +180,13 @@ class Metrics:
     def __init__(self, server: "ParameterServer", folder: str, tensorboard: Optional[bool] = None):
         self.server = server
         telemetry = server.telemetry
-        self.num_workers = len(telemetry.pushes)
+        num_workers = len(telemetry.pushes)
         shard = telemetry.shard[0] if telemetry.shard is not None else None
         path = metrics_folder(folder, shard)
         self.sampled = server.compensation.mode != "none" and server.compensation.schedule != "sync"
         columns = ["updates", "updates_per_s", "gradients_per_s", "staleness/mean", "staleness/max", "staleness",
                    "refused", "apply_seconds_per_update", "checkpoint_seconds", "compensation_ratio",
-                   *(f"worker{m}/{what}" for m in range(self.num_workers)
+                   *(f"worker{m}/{what}" for m in range(num_workers)
                      for what in ("pushes_per_s", "seconds_since_push"))]
         if tensorboard is None:
             tensorboard = _tensorboard_installed()

@@ -192,21 +192,11 @@ def test_compensation_ratio_is_the_formulas_on_copies(numel):
     server's weights, backups and DC-ASGD-a's MeanSquare are untouched."""
     import torch
 
-    from hvd_dcasgd.compensation import Compensation
-    from hvd_dcasgd.endpoints import open_server
-    from hvd_dcasgd.layout import ModelLayout
     from hvd_dcasgd.metrics import SAMPLE, _compensation_ratio
-    from hvd_dcasgd.mpi import load_mpi
 
     def server_of(mode):
-        model = torch.nn.Linear(1, numel, bias=False)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        server = open_server(load_mpi().COMM_SELF, optimizer, ModelLayout.of(optimizer, model.named_parameters()),
-                             Compensation(mode, lambda_0=0.5), num_workers=2, staged=False)
-        generator = torch.Generator().manual_seed(5)
-        server.messages[1].gradient.copy_(torch.randn(numel, generator=generator))
-        server.messages[1].lrs.fill_(0.1)
-        server.weights.add_(torch.randn(numel, generator=generator))  # w - w_bak(1) is this
+        server = _server(mode, numel)
+        server.weights.add_(torch.randn(numel, generator=torch.Generator().manual_seed(6)))  # w - w_bak(1) is this
         return server
 
     server = server_of("constant")
@@ -227,22 +217,9 @@ def test_compensation_ratio_is_the_formulas_on_copies(numel):
 def test_compensation_ratio_is_sampled_from_a_stale_push_only(tmp_path):
     """A push computed on the server's current weights is never compensated, so it is not the interval's sample;
     the next stale one is, once."""
-    import torch
-
-    from hvd_dcasgd.compensation import Compensation
-    from hvd_dcasgd.endpoints import open_server
-    from hvd_dcasgd.layout import ModelLayout
     from hvd_dcasgd.metrics import Metrics
-    from hvd_dcasgd.mpi import load_mpi
 
-    model = torch.nn.Linear(1, 100, bias=False)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    server = open_server(load_mpi().COMM_SELF, optimizer, ModelLayout.of(optimizer, model.named_parameters()),
-                         Compensation("constant", lambda_0=0.5), num_workers=2, staged=False)
-    generator = torch.Generator().manual_seed(5)
-    for m in range(2):
-        server.messages[m].gradient.copy_(torch.randn(100, generator=generator))
-        server.messages[m].lrs.fill_(0.1)
+    server = _server("constant", 100)
     metrics = Metrics(server, tmp_path, tensorboard=False)
     metrics.sample(1)  # worker 1's push was computed on the current weights
     assert metrics.wants_sample and metrics.write()["compensation_ratio"] is None
@@ -251,6 +228,27 @@ def test_compensation_ratio_is_sampled_from_a_stale_push_only(tmp_path):
     assert not metrics.wants_sample
     assert metrics.write()["compensation_ratio"] > 0
     metrics.close()
+
+
+def _server(mode, numel):
+    """A server of two workers on COMM_SELF, over ``numel`` weights, whose workers' pushes wait with a
+    random gradient at rate 0.1 each, all computed on its current weights."""
+    import torch
+
+    from hvd_dcasgd.compensation import Compensation
+    from hvd_dcasgd.endpoints import open_server
+    from hvd_dcasgd.layout import ModelLayout
+    from hvd_dcasgd.mpi import load_mpi
+
+    model = torch.nn.Linear(1, numel, bias=False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    server = open_server(load_mpi().COMM_SELF, optimizer, ModelLayout.of(optimizer, model.named_parameters()),
+                         Compensation(mode, lambda_0=0.5), num_workers=2, staged=False)
+    generator = torch.Generator().manual_seed(5)
+    for m in range(2):
+        server.messages[m].gradient.copy_(torch.randn(numel, generator=generator))
+        server.messages[m].lrs.fill_(0.1)
+    return server
 
 
 if __name__ == "__main__":

@@ -219,24 +219,63 @@ def test_the_standard_plan_has_the_runs_the_plan_page_counts():
 
 
 def test_time_comparisons_are_paired_log_ratios_to_plain_horovod(tmp_path):
-    """Two seeds of plain Horovod and ASGD with a straggler: ASGD reaches the
-    target in half the time on both; a run that never reaches it counts at
+    """Five seeds of plain Horovod and ASGD with a straggler: ASGD reaches the
+    target in half the time on each; a run that never reaches it counts at
     its budget."""
     plan, report, _ = evidence_modules()
+    page = report.Report({"scale": "tiny", "sessions": [], "records": timed_records(plan, (1.0,) * 5)})
+    (entry,) = page.timed
+    assert entry["method"] == "none" and entry["seeds"] == 5 and entry["bound"] == "exact"
+    assert entry["difference"].mean == pytest.approx(-0.693147, abs=1e-6), "log(0.5)"
+    never = {**page.timed_runs("horovodrun", 4, 3.0)[0], "curve": [[0.0, 0.9], [2.0, 0.5]]}
+    assert page.time_to(never) == (2.0, False)
+
+
+def timed_records(plan, horovod_reaches, asgd_reaches=None):
+    """Timed records of plain Horovod and ASGD with a straggler, seed by seed:
+    each reaches the target at its factor times (1 + seed) seconds, or never
+    (None), within a budget of 2 s."""
     scale = plan.SCALES["tiny"]
     choice = plan.Choice(0.1, None, "tuned", False, {})
+    asgd_reaches = asgd_reaches or [0.5 if h is not None else None for h in horovod_reaches]
     records = []
-    for seed in (0, 1):
-        for method, reach in (("horovodrun", 1.0), ("none", 0.5)):
+    for seed, reaches in enumerate(zip(horovod_reaches, asgd_reaches)):
+        for method, reach in zip(("horovodrun", "none"), reaches):
             spec = plan.timed_spec(scale, method, 4, seed, choice, 3.0, 0.3)
-            curve = [[0.0, 0.9], [reach * (1 + seed), 0.25], [2.0, 0.2]]
-            records.append({**spec, "key": plan.key_of(spec), "curve": curve, "final_error": 0.2})
-    page = report.Report({"scale": "tiny", "sessions": [], "records": records})
-    (entry,) = page.timed
-    assert entry["method"] == "none" and entry["seeds"] == 2
-    assert entry["difference"].mean == pytest.approx(-0.693147, abs=1e-6), "log(0.5)"
-    never = {**records[0], "curve": [[0.0, 0.9], [2.0, 0.5]]}
-    assert page.time_to(never) == (2.0, False)
+            curve = ([[0.0, 0.9], [2.0, 0.5]] if reach is None else
+                     [[0.0, 0.9], [reach * (1 + seed) / 5, 0.25], [2.0, 0.2]])
+            records.append({**spec, "key": plan.key_of(spec), "curve": curve, "final_error": curve[-1][1],
+                            "seconds": 2.0})
+    return records
+
+
+def test_a_time_ratio_to_a_horovod_that_never_reached_the_target_is_a_bound_and_both_censored_says_nothing():
+    """Horovod never reaches the target: ASGD's ratios are upper bounds
+    (they may support "at most", never "within"); a seed where neither
+    reaches it is left out, and with fewer than 5 left the claim is
+    untestable and leaves the Holm family."""
+    plan, report, _ = evidence_modules()
+    import claims
+
+    bounded = report.Report({"scale": "tiny", "sessions": [],
+                             "records": timed_records(plan, [None] * 5, [0.5] * 5)}).timed[0]
+    assert bounded["bound"] == "upper" and bounded["seeds"] == 5 and bounded["p"] is not None
+    assert bounded["difference"].mean < 0
+    assert claims.time_verdict(("at most", 0.6), (0.3, 0.5), 0.01, "upper") == "supported"
+    assert claims.time_verdict(("within", 1.3), (0.9, 1.1), 0.01, "upper") == "inconclusive"
+    assert claims.time_verdict(("within", 1.3), (0.9, 1.1), 0.01, "exact") == "supported"
+    assert claims.time_verdict(("at most", 0.6), (1.2, 1.5), 0.01, "upper") == "inconclusive"
+    assert claims.time_verdict(("at most", 0.6), (1.2, 1.5), 0.01, "lower") == "refuted"
+
+    partly = report.Report({"scale": "tiny", "sessions": [],
+                            "records": timed_records(plan, [None] * 5, [0.5, 0.5, 0.5, 0.5, None])})
+    (entry,) = partly.timed
+    assert entry["seeds"] == 4 and entry["p"] is None and entry["reached"] == (4, 0, 5)
+    assert partly.family_size == 0
+
+    mixed = report.Report({"scale": "tiny", "sessions": [],
+                           "records": timed_records(plan, [None, None, 1.0, 1.0, 1.0], [0.5, 0.5, None, None, 0.5])})
+    assert mixed.timed[0]["bound"] == "mixed" and mixed.timed[0]["p"] is None
 
 
 def test_a_gap_aware_variant_is_a_registered_compensation_with_its_gamma():

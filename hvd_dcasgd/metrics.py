@@ -216,7 +216,7 @@ class Metrics:
         """Take the interval's compensation_ratio from ``worker``'s push, about
         to be applied, if it is stale: mean |compensated g - g| / mean |g|, on
         copies."""
-        if self.server.updates == self.server.sent_at[worker]:
+        if self.server.staleness(worker) == 0:
             return  # computed on the current weights: nothing to compensate
         self.ratio = _compensation_ratio(self.server, worker, self.scratch)
         self.wants_sample = False
@@ -249,7 +249,7 @@ def _compensation_ratio(server: "ParameterServer", worker: int, scratch: Dict[st
         weights, backup = copy("weights", server.weights[::k]), copy("backup", server.backups[worker][::k])
         state = {name: [copy(name, t if update.state.scopes[name] == PER_GROUP else t[::k])]
                  for name, t in update.state.of(worker).items()}
-        push = Push(staleness=server.updates - server.sent_at[worker],
+        push = Push(staleness=server.staleness(worker),
                     lrs=[lr * update.lr_factor for lr in server.messages[worker].lrs.tolist()],
                     group_ranges=[(-(-start // k), -(-end // k)) for start, end in update.group_ranges])
         # the implementation the update's path uses where it is one of the rule's own (fused_sgd compensates

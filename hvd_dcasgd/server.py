@@ -131,6 +131,12 @@ class ParameterServer:
         self.staging.upload(wire, self.wire_gradient)
         return self.wire_gradient
 
+    def staleness(self, worker: int) -> int:
+        """Server updates since ``worker`` was sent the weights its pending
+        push was computed on: that push's delay (0: computed on the current
+        weights, nothing to compensate)."""
+        return self.updates - self.sent_at[worker]
+
     def _fill_outbox(self, worker: int, copied: bool = False) -> None:
         """Make w_bak(worker) visible in worker's outbox (a copy when staged,
         unless ``copied``: it is already; on the CPU the backup is the
@@ -176,14 +182,14 @@ class ParameterServer:
         """Apply worker's pending push as one server update (ASGD / DC-ASGD)."""
         if self._skip_if_bad(worker):
             return
-        self.telemetry.record(self.updates, worker, self.updates - self.sent_at[worker])
+        self.telemetry.record(self.updates, worker, self.staleness(worker))
         start = time.perf_counter()
         if self.pipelined is not None:  # copies and update chunk by chunk: the outbox is written when it returns
             self.pipelined(self.messages[worker].gradient, self.wire_gradient, self.backups[worker],
                            self.outboxes[worker], worker, self.messages[worker].lrs.tolist())
         else:
             self.update(self._wire_gradient(worker), self.backups[worker], worker,
-                        self.messages[worker].lrs.tolist(), staleness=self.updates - self.sent_at[worker])
+                        self.messages[worker].lrs.tolist(), staleness=self.staleness(worker))
         self.telemetry.apply_seconds += time.perf_counter() - start
         self.updates += 1
         self._fill_outbox(worker, copied=self.pipelined is not None)
@@ -195,7 +201,7 @@ class ParameterServer:
         if not workers:
             return
         for i, m in enumerate(workers):
-            self.telemetry.record(self.updates, m, self.updates - self.sent_at[m])
+            self.telemetry.record(self.updates, m, self.staleness(m))
             gradient = self._wire_gradient(m)
             if i == 0:
                 self.grad.copy_(gradient)
@@ -205,7 +211,7 @@ class ParameterServer:
         first = workers[0]
         start = time.perf_counter()
         self.update(self.grad, self.backups[first], first, self.messages[first].lrs.tolist(),
-                    staleness=self.updates - self.sent_at[first])
+                    staleness=self.staleness(first))
         self.telemetry.apply_seconds += time.perf_counter() - start
         self.updates += 1
         for m in workers:

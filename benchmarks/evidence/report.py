@@ -90,6 +90,16 @@ def interval(bounds: Tuple[float, float]) -> str:
     return "n/a" if any(math.isnan(b) for b in bounds) else f"[{bounds[0]:+.2f}, {bounds[1]:+.2f}]"
 
 
+def both_trained(a: Dict[int, Dict], b: Dict[int, Dict]) -> List[int]:
+    """The seeds, in order, where the runs of both cells trained."""
+    return [s for s in sorted(set(a) & set(b)) if trained(a[s]) and trained(b[s])]
+
+
+def error_difference(a: Dict[int, Dict], b: Dict[int, Dict], seeds: Sequence[int]) -> Difference:
+    """a - b in points of final test error, paired over ``seeds``."""
+    return paired_difference([100 * a[s]["final_error"] for s in seeds], [100 * b[s]["final_error"] for s in seeds])
+
+
 def p_value(p: Optional[float]) -> str:
     return "-" if p is None else f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
 
@@ -179,12 +189,11 @@ class Report:
                 seeds = sorted(set(a) & set(b))
                 if not seeds:
                     continue
-                both = [s for s in seeds if trained(a[s]) and trained(b[s])]
+                both = both_trained(a, b)
                 entry = {"claim": claim, "M": workers, "size": size, "seeds": len(seeds), "both": len(both),
                          "difference": None, "p": None}
                 if len(both) >= claims.MIN_TRAINED:
-                    d = paired_difference([100 * a[s]["final_error"] for s in both],
-                                          [100 * b[s]["final_error"] for s in both])
+                    d = error_difference(a, b, both)
                     entry.update(difference=d, p=d.p)
                 self.accuracy.append(entry)
                 test = divergence_test([not trained(a[s]) for s in seeds], [not trained(b[s]) for s in seeds])
@@ -212,7 +221,7 @@ class Report:
                     runs = self.timed_runs(method, workers, straggler)
                     if not runs or not base:
                         continue  # not run at this scale
-                    both = [s for s in sorted(set(base) & set(runs)) if trained(base[s]) and trained(runs[s])]
+                    both = both_trained(base, runs)
                     times = {s: (self.time_to(runs[s]), self.time_to(base[s])) for s in both}
                     seeds = [s for s in both if times[s][0][1] or times[s][1][1]]
                     bounds = {"upper" if not times[s][1][1] else "lower" if not times[s][0][1] else "exact"
@@ -243,6 +252,11 @@ class Report:
     def padded_rate(self) -> float:
         """Images per second per worker that the padding alone allows."""
         return TASKS[self.scale.task].batch_size / self.scale.step_time
+
+    def reached(self, found: Dict[int, Dict]) -> Tuple[int, float]:
+        """How many of the runs reached the target, and their median seconds to it (the budget where not)."""
+        times = [self.time_to(r) for r in found.values()]
+        return sum(ok for _, ok in times), median(t for t, _ in times)
 
     def time_to(self, record: Dict) -> Tuple[float, bool]:
         """Seconds to the record's target, and whether it was reached (else the budget: censored)."""
@@ -444,11 +458,10 @@ class Report:
                     found = self.timed_runs(method, workers, straggler)
                     if not found:
                         continue
-                    times = [self.time_to(r) for r in found.values()]
-                    reached = [t for t, ok in times if ok]
+                    count, seconds = self.reached(found)
                     rate = self.samples_per_second(found)
                     rows.append([f"{straggler:g}x", workers, LABELS.get(method, "plain Horovod (horovodrun)"),
-                                 f"{median(t for t, _ in times):.1f}", f"{len(reached)} of {len(times)}",
+                                 f"{seconds:.1f}", f"{count} of {len(found)}",
                                  ci_cell([100 * r["final_error"] for r in found.values()]),
                                  "-" if rate is None else f"{rate:.0f}"])
         ratios = []
@@ -473,13 +486,12 @@ class Report:
                 base = self.timed_runs("horovodrun", workers, straggler)
                 for method in sorted({r["method"] for r in runs} - {"horovodrun"}):
                     found = self.timed_runs(method, workers, straggler)
-                    both = [s for s in sorted(set(base) & set(found)) if trained(base[s]) and trained(found[s])]
+                    both = both_trained(base, found)
                     if len(both) < 2:
                         at_budget.append([f"{straggler:g}x", workers, LABELS[method], f"{len(both)} of {len(found)}",
                                           "-", "-"])
                         continue
-                    d = paired_difference([100 * found[s]["final_error"] for s in both],
-                                          [100 * base[s]["final_error"] for s in both])
+                    d = error_difference(found, base, both)
                     at_budget.append([f"{straggler:g}x", workers, LABELS[method], f"{len(both)} of {len(found)}",
                                       f"{d.mean:+.2f}", f"[{d.t_interval[0]:+.2f}, {d.t_interval[1]:+.2f}]"])
         goal = runs[0]["target"]
@@ -513,30 +525,25 @@ class Report:
         shortest median time), its end-of-budget error against plain Horovod's, and how often Horovod reached
         it (post hoc: the ratios alone hid that Horovod never did)."""
         parts = []
+        methods = {r["method"] for r in self.done.values() if r["source"] == "mpi"}
         for workers in self.scale.timed_workers:
             base = self.timed_runs("horovodrun", workers, 3.0)
-            methods = {r["method"] for r in self.done.values() if r["source"] == "mpi"}
-            cells = {m: self.timed_runs(m, workers, 3.0) for m in methods}
-            if not base or not any(cells.values()):
+            cells = {m: found for m in methods if (found := self.timed_runs(m, workers, 3.0))}
+            if not base or not cells:
                 continue
-
-            def reach(found: Dict[int, Dict]) -> Tuple[int, float]:
-                times = [self.time_to(r) for r in found.values()]
-                return sum(ok for _, ok in times), median(t for t, _ in times)
-
-            best = min((m for m in cells if cells[m]), key=lambda m: (-reach(cells[m])[0], reach(cells[m])[1]))
-            found, (count, seconds) = cells[best], reach(cells[best])
-            both = [s for s in sorted(set(base) & set(found)) if trained(base[s]) and trained(found[s])]
+            reach = {m: self.reached(found) for m, found in cells.items()}
+            best = min(cells, key=lambda m: (-reach[m][0], reach[m][1]))
+            found, (count, seconds) = cells[best], reach[best]
+            both = both_trained(base, found)
             gap = ""
             if len(both) >= 2:
-                d = paired_difference([100 * found[s]["final_error"] for s in both],
-                                      [100 * base[s]["final_error"] for s in both])
+                d = error_difference(found, base, both)
                 gap = (f", ending {abs(d.mean):.1f} points {'below' if d.mean < 0 else 'above'} Horovod (95% "
                        f"interval {d.t_interval[0]:+.1f} to {d.t_interval[1]:+.1f})")
             rates = self.samples_per_second(found), self.samples_per_second(base)
             pace = "" if None in rates else f" and trained {rates[1]:.0f} images/s per worker to its {rates[0]:.0f}"
             parts.append(f"M={workers} {LABELS[best]} reached it in {count} of {len(found)} runs (median "
-                         f"{seconds:.0f} s){gap}, which reached it in {reach(base)[0]} of {len(base)}{pace}")
+                         f"{seconds:.0f} s){gap}, which reached it in {self.reached(base)[0]} of {len(base)}{pace}")
         if not parts:
             return "Time to accuracy against plain Horovod: pending"
         goal = next(r["target"] for r in self.done.values() if r["source"] != "simulator")
@@ -570,9 +577,8 @@ class Report:
             if len(reliable) >= 2:
                 best, runner = sorted(reliable, key=means.get)[:2]
                 a, b = self.cell(setting, workers, runner), self.cell(setting, workers, best)
-                both = [s for s in set(a) & set(b) if trained(a[s]) and trained(b[s])]
-                apart = len(both) >= 2 and paired_difference([100 * a[s]["final_error"] for s in both],
-                                                             [100 * b[s]["final_error"] for s in both]).t_interval[0] > 0
+                both = both_trained(a, b)
+                apart = len(both) >= 2 and error_difference(a, b, both).t_interval[0] > 0
                 lower = [row for row in means if means[row] < means[best] and row not in reliable
                          and not row.endswith("@asgd")]
                 picks.append(f"M={workers} {LABELS[best]} ({means[best]:.1f}%"

@@ -57,8 +57,8 @@ def train(args) -> None:
 
     if args.run == RAW:
         import raw_rma
-        from hvd_dcasgd.mpi import load_mpi
-        from hvd_dcasgd.transport import Backoff
+        from hvd_dcasgd.runtime.mpi import load_mpi
+        from hvd_dcasgd.protocol.transport import Backoff
 
         raw_rma.run(load_mpi(), args.numel, args.steps, Backoff())
         return
@@ -106,7 +106,7 @@ def measure_memory(args) -> None:
 
 def memory_once(args) -> dict:
     """One :func:`measure_memory` in a process of its own."""
-    from hvd_dcasgd.process import run_command
+    from hvd_dcasgd.common.process import run_command
 
     out = run_command([sys.executable, __file__, "--memory", "--numel", args.numel, "--workers", args.workers],
                       timeout=args.timeout, env=child_env())
@@ -119,7 +119,7 @@ def run_once(args, mode: str, horovod: str, servers: int = 1, **extra: str) -> d
     """One mpirun of ``mode`` (or the raw protocol): the server's end-of-run
     figures (``HVD_DCASGD_SUMMARY``; with several servers, the merged ones);
     ``extra``: more variables for the job."""
-    from hvd_dcasgd.process import run_command
+    from hvd_dcasgd.common.process import run_command
 
     with tempfile.TemporaryDirectory() as scratch:
         summary = Path(scratch) / "summary.json"

@@ -110,7 +110,7 @@ def measure(args) -> None:
 
 
 def launch(args) -> None:
-    from hvd_dcasgd.process import run_command
+    from hvd_dcasgd.common.process import run_command
 
     results = {}
     for name, mca in PATHS:

@@ -55,11 +55,11 @@ def under_mpi_launcher() -> bool:
 
 def measure(args) -> None:
     """Rank 0 answers, rank 1 times; rank 1 prints the figures."""
-    from hvd_dcasgd.channel import ServerChannel, WorkerChannel
-    from hvd_dcasgd.endpoints import open_windows
-    from hvd_dcasgd.layout import ModelLayout, PushMessage
-    from hvd_dcasgd.mpi import load_mpi
-    from hvd_dcasgd.worker import Worker
+    from hvd_dcasgd.protocol.channel import ServerChannel, WorkerChannel
+    from hvd_dcasgd.algorithm.endpoints import open_windows
+    from hvd_dcasgd.protocol.layout import ModelLayout, PushMessage
+    from hvd_dcasgd.runtime.mpi import load_mpi
+    from hvd_dcasgd.protocol.worker import Worker
 
     MPI = load_mpi()
     comm = MPI.COMM_WORLD
@@ -149,7 +149,7 @@ def thread_level(MPI) -> str:
 
 def launch(args) -> None:
     """Run :func:`measure` under mpirun once per path; print (and write) one table."""
-    from hvd_dcasgd.process import run_command
+    from hvd_dcasgd.common.process import run_command
 
     results = {}
     for name, mca, env in PATHS:

@@ -260,7 +260,7 @@ def main() -> None:
         return
     if not torch.cuda.is_available():
         sys.exit("check_cuda: no CUDA device visible to torch")
-    from hvd_dcasgd.staging import choose_staging
+    from hvd_dcasgd.protocol.staging import choose_staging
 
     say(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     say(f"staging: {' -- '.join(choose_staging(torch.device('cuda')))}")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from hvd_dcasgd.compensation import Compensation
-from hvd_dcasgd.endpoints import open_server
-from hvd_dcasgd.layout import ModelLayout
-from hvd_dcasgd.mpi import load_mpi
-from hvd_dcasgd.server import ParameterServer
+from hvd_dcasgd.algorithm.compensation import Compensation
+from hvd_dcasgd.algorithm.endpoints import open_server
+from hvd_dcasgd.protocol.layout import ModelLayout
+from hvd_dcasgd.runtime.mpi import load_mpi
+from hvd_dcasgd.algorithm.server import ParameterServer
 
 
 def flat_model(numel: int) -> torch.nn.Module:

@@ -51,7 +51,7 @@ def final_accuracy(output: str) -> float:
 
 def run_once(args, script: Path, ranks: int, mode: str = "") -> float:
     """One mpirun of ``script``: its final test accuracy."""
-    from hvd_dcasgd.process import run_command
+    from hvd_dcasgd.common.process import run_command
 
     env = child_env(HVD_DCASGD_COMPENSATION=mode) if mode else child_env()
     out = run_command(mpirun(ranks, script, "--epochs", args.epochs), timeout=args.timeout, env=env)

@@ -4,8 +4,8 @@
 touches: every torch operation it dispatches (seen through a
 ``TorchDispatchMode``: the tensors an operation takes are read, those it
 returns or writes in place are written; views move nothing), and every pass of
-the C kernel (:func:`hvd_dcasgd.native.dcasgd_f32`, whose streams
-:func:`hvd_dcasgd.native.dcasgd_f32_streams` names from the variant it
+the C kernel (:func:`hvd_dcasgd.common.native.dcasgd_f32`, whose streams
+:func:`hvd_dcasgd.common.native.dcasgd_f32_streams` names from the variant it
 runs).  A byte touched twice counts twice, as two passes over memory cost
 twice.  The benchmarks divide these counts by the time of the same call to
 state every rate as bytes per second, against a copy measured in the same run.
@@ -20,7 +20,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from hvd_dcasgd import native
+from hvd_dcasgd.common import native
 
 #: In-place operations that overwrite their first argument without reading it.
 OVERWRITES = {"copy_", "fill_", "zero_", "normal_", "uniform_", "random_", "bernoulli_", "exponential_"}

@@ -6,7 +6,7 @@
 
 ``NAME`` says what writes the section.  This script writes the tables of
 environment variables in ``docs/CONFIGURATION.md`` from
-``hvd_dcasgd.config.table()``; each benchmark writes its own section of
+``hvd_dcasgd.common.config.table()``; each benchmark writes its own section of
 ``docs/PERFORMANCE.md`` (``--markdown docs/PERFORMANCE.md``) with
 :func:`write_section`.  Only the text between the markers changes.
 
@@ -64,7 +64,7 @@ def replace_section(text: str, name: str, body: str) -> str:
 def write_section(path: Path, name: str, body: str) -> None:
     """Replace section ``name`` of the file ``path`` (created if missing)
     in one rename: a reader sees the old page or the new one."""
-    from hvd_dcasgd.files import atomic_write
+    from hvd_dcasgd.common.files import atomic_write
 
     path = Path(path)
     old = path.read_text() if path.exists() else ""
@@ -74,7 +74,7 @@ def write_section(path: Path, name: str, body: str) -> None:
 
 def _variables(where: str) -> Callable[[], str]:
     def table() -> str:
-        from hvd_dcasgd.config import table
+        from hvd_dcasgd.common.config import table
 
         return table((where,))
 
@@ -110,7 +110,7 @@ def main(argv: Optional[list] = None) -> int:
             continue
         stale.append(page)
         if not args.check:
-            from hvd_dcasgd.files import atomic_write
+            from hvd_dcasgd.common.files import atomic_write
 
             atomic_write(path, lambda out: out.write(new))
             print(f"rewrote docs/{page}")

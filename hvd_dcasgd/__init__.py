@@ -8,7 +8,7 @@ as a Horovod-style plugin over an MPI one-sided-window parameter server.
 Launch with one rank more than workers: rank 0 is the parameter server.
 
 The names below load their module on first use (PEP 562), so that importing
-the package -- or its launcher, :mod:`hvd_dcasgd.launch` -- costs nothing
+the package -- or its launcher, :mod:`hvd_dcasgd.launcher` -- costs nothing
 until something is asked of it.
 """
 
@@ -16,7 +16,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any, Dict
 
 #: The package's version, the one place it is written (pyproject.toml reads it).
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: Public name -> the submodule that defines it: every public name of
 #: ``horovod.torch`` 0.28.1, and this package's own.
@@ -28,62 +28,63 @@ _EXPORTS: Dict[str, str] = {
          "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
          "grouped_reducescatter", "grouped_reducescatter_async", "poll", "reducescatter", "reducescatter_async",
          "sparse_allreduce_async", "synchronize"],
-        "mpi_ops",
+        "api.mpi_ops",
     ),
     **dict.fromkeys(["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters",
-                     "join"], "collectives"),
-    **dict.fromkeys(["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"], "process_sets"),
+                     "join"], "api.collectives"),
+    **dict.fromkeys(["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"], "api.process_sets"),
     **dict.fromkeys(["HorovodInternalError", "ccl_built", "check_extension", "cross_rank", "cross_size",
                      "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "is_homogeneous", "mpi_built",
                      "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built", "start_timeline",
-                     "stop_timeline"], "basics"),
-    "SyncBatchNorm": "sync_batch_norm",
+                     "stop_timeline"], "api.basics"),
+    "SyncBatchNorm": "api.sync_batch_norm",
     **dict.fromkeys(["COMPENSATIONS", "MODES", "SCHEDULES", "Compensation", "CompensationRule", "dcasgd_",
-                     "register_compensation"], "compensation"),
-    "LR_SCALINGS": "update",
-    "Compression": "compression",
-    **dict.fromkeys(["HvdDcasgdError", "HvdDcasgdValueError", "HvdDcasgdWarning"], "errors"),
-    **dict.fromkeys(["BACKENDS", "METHODS", "DistributedOptimizer"], "optimizer"),
+                     "register_compensation"], "algorithm.compensation"),
+    "LR_SCALINGS": "algorithm.update",
+    "Compression": "api.compression",
+    **dict.fromkeys(["HvdDcasgdError", "HvdDcasgdValueError", "HvdDcasgdWarning"], "common.errors"),
+    **dict.fromkeys(["BACKENDS", "METHODS", "DistributedOptimizer"], "api.optimizer"),
     **dict.fromkeys(["init", "is_initialized", "is_server", "local_rank", "local_size", "rank", "shutdown", "size"],
-                    "runtime"),
-    "simulate": "simulator",
+                    "runtime.roles"),
+    "simulate": "algorithm.simulator",
 }
 
 #: Horovod's submodules by the names scripts reach them with, and ours.
-_SUBMODULES = {"functions": "collectives", "mpi_ops": "mpi_ops", "sync_batch_norm": "sync_batch_norm",
-               "compression": "compression", "optimizer": "optimizer", "elastic": "elastic"}
+_SUBMODULES = {"functions": "api.collectives", "mpi_ops": "api.mpi_ops", "sync_batch_norm": "api.sync_batch_norm",
+               "compression": "api.compression", "optimizer": "api.optimizer", "elastic": "api.elastic"}
 
 __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time __getattr__ below loads each on first use
-    from . import collectives as functions
-    from . import compression, elastic, mpi_ops, optimizer, sync_batch_norm
-    from .basics import (HorovodInternalError, ccl_built, check_extension, cross_rank, cross_size, cuda_built,
-                         ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
-                         mpi_threads_supported, nccl_built, rocm_built, start_timeline, stop_timeline)
-    from .collectives import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters, join
-    from .compensation import (COMPENSATIONS, MODES, SCHEDULES, Compensation, CompensationRule, dcasgd_,
-                               register_compensation)
-    from .compression import Compression
-    from .errors import HvdDcasgdError, HvdDcasgdValueError, HvdDcasgdWarning
-    from .mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce, allreduce_,
-                          allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier, broadcast, broadcast_,
-                          broadcast_async, broadcast_async_, grouped_allgather, grouped_allgather_async,
-                          grouped_allreduce, grouped_allreduce_, grouped_allreduce_async, grouped_allreduce_async_,
-                          grouped_reducescatter, grouped_reducescatter_async, poll, reducescatter,
-                          reducescatter_async, sparse_allreduce_async, synchronize)
-    from .optimizer import BACKENDS, METHODS, DistributedOptimizer
-    from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-    from .runtime import init, is_initialized, is_server, local_rank, local_size, rank, shutdown, size
-    from .simulator import simulate
-    from .sync_batch_norm import SyncBatchNorm
-    from .update import LR_SCALINGS
+    from .algorithm.compensation import (COMPENSATIONS, MODES, SCHEDULES, Compensation, CompensationRule, dcasgd_,
+                                         register_compensation)
+    from .algorithm.simulator import simulate
+    from .algorithm.update import LR_SCALINGS
+    from .api import collectives as functions
+    from .api import compression, elastic, mpi_ops, optimizer, sync_batch_norm
+    from .api.basics import (HorovodInternalError, ccl_built, check_extension, cross_rank, cross_size, cuda_built,
+                             ddl_built, gloo_built, gloo_enabled, is_homogeneous, mpi_built, mpi_enabled,
+                             mpi_threads_supported, nccl_built, rocm_built, start_timeline, stop_timeline)
+    from .api.collectives import (allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters,
+                                  join)
+    from .api.compression import Compression
+    from .api.mpi_ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allgather_async, allreduce,
+                              allreduce_, allreduce_async, allreduce_async_, alltoall, alltoall_async, barrier,
+                              broadcast, broadcast_, broadcast_async, broadcast_async_, grouped_allgather,
+                              grouped_allgather_async, grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+                              grouped_allreduce_async_, grouped_reducescatter, grouped_reducescatter_async, poll,
+                              reducescatter, reducescatter_async, sparse_allreduce_async, synchronize)
+    from .api.optimizer import BACKENDS, METHODS, DistributedOptimizer
+    from .api.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+    from .api.sync_batch_norm import SyncBatchNorm
+    from .common.errors import HvdDcasgdError, HvdDcasgdValueError, HvdDcasgdWarning
+    from .runtime.roles import init, is_initialized, is_server, local_rank, local_size, rank, shutdown, size
 
 # MPI's thread level is fixed when mpi4py.MPI loads: choose it now, before a
 # script's own `from mpi4py import MPI` can (standard library and mpi4py's
 # top-level package only: no MPI, no torch).
-import_module(".mpi", __name__).choose_thread_level()
+import_module(".runtime.mpi", __name__).choose_thread_level()
 
 
 def __getattr__(name: str) -> Any:
@@ -92,7 +93,7 @@ def __getattr__(name: str) -> Any:
     elif name in _SUBMODULES:
         value = import_module(f".{_SUBMODULES[name]}", __name__)
     elif name == "mpi_lib_v2":
-        from .errors import HvdDcasgdError
+        from .common.errors import HvdDcasgdError
 
         raise HvdDcasgdError("hvd_dcasgd: mpi_lib_v2 is Horovod's compiled extension; this package has none: "
                              "its calls are hvd_dcasgd's own functions of the same names")

@@ -24,13 +24,13 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from hvd_dcasgd.compensation import Compensation
-from hvd_dcasgd.endpoints import open_server
-from hvd_dcasgd.launch import local_command
-from hvd_dcasgd.layout import ModelLayout, flatten_into
-from hvd_dcasgd.mpi import load_mpi
-from hvd_dcasgd.process import run_command
-from hvd_dcasgd.update import ServerUpdate
+from hvd_dcasgd.algorithm.compensation import Compensation
+from hvd_dcasgd.algorithm.endpoints import open_server
+from hvd_dcasgd.launcher.launch import local_command
+from hvd_dcasgd.protocol.layout import ModelLayout, flatten_into
+from hvd_dcasgd.runtime.mpi import load_mpi
+from hvd_dcasgd.common.process import run_command
+from hvd_dcasgd.algorithm.update import ServerUpdate
 
 # --- jobs ------------------------------------------------------------------
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,14 +18,14 @@ import pytest
 import torch
 
 
-from hvd_dcasgd.checkpoints import LOCK, Checkpoints, checksum
-from hvd_dcasgd.compensation import Compensation
-from hvd_dcasgd.endpoints import open_server
-from hvd_dcasgd.errors import HvdDcasgdError
-from hvd_dcasgd.layout import ModelLayout
-from hvd_dcasgd.mpi import load_mpi
-from hvd_dcasgd.serving import save
-from hvd_dcasgd.telemetry import read_trace, truncate_trace
+from hvd_dcasgd.serving.checkpoints import LOCK, Checkpoints, checksum
+from hvd_dcasgd.algorithm.compensation import Compensation
+from hvd_dcasgd.algorithm.endpoints import open_server
+from hvd_dcasgd.common.errors import HvdDcasgdError
+from hvd_dcasgd.protocol.layout import ModelLayout
+from hvd_dcasgd.runtime.mpi import load_mpi
+from hvd_dcasgd.serving.loop import save
+from hvd_dcasgd.observability.telemetry import read_trace, truncate_trace
 
 from helpers import (PROGRAMS, TRAINING, WORKERS, Job, check_final_weights, check_history, check_resumed_sharded,
                      run_job, trace, unavailable)

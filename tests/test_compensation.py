@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from hvd_dcasgd import Compensation, dcasgd_
-from hvd_dcasgd import compensation as compensation_module
-from hvd_dcasgd import native
-from hvd_dcasgd.errors import HvdDcasgdError, HvdDcasgdValueError
-from hvd_dcasgd.layout import ModelLayout
-from hvd_dcasgd.update import FUSED, FUSED_SGD, PATHS, ServerUpdate, _update
+from hvd_dcasgd.algorithm import compensation as compensation_module
+from hvd_dcasgd.common import native
+from hvd_dcasgd.common.errors import HvdDcasgdError, HvdDcasgdValueError
+from hvd_dcasgd.protocol.layout import ModelLayout
+from hvd_dcasgd.algorithm.update import FUSED, FUSED_SGD, PATHS, ServerUpdate, _update
 
 IMPLEMENTATIONS = [dict(foreach=False, fused=False), dict(foreach=True, fused=False), dict(fused=True)]
 
@@ -150,7 +150,7 @@ def test_compensation_defaults_and_validation():
 def test_native_kernel_is_used_for_float32_and_can_be_switched_off(tmp_path):
     from helpers import run
 
-    probe = ("import torch, hvd_dcasgd.native as n; t = torch.ones(4); "
+    probe = ("import torch, hvd_dcasgd.common.native as n; t = torch.ones(4); "
              "print(n.dcasgd_f32(t, t.clone(), t.clone(), None, 0.04, 0.95, 1e-7, 0.1), "
              "n.dcasgd_f32(t.half(), t.half(), t.half(), None, 0.04, 0.95, 1e-7, 0.1))")
     env = {"HVD_DCASGD_CACHE": str(tmp_path)}

@@ -8,12 +8,12 @@ from collections import Counter
 import pytest
 import torch
 
-from hvd_dcasgd.compensation import (
+from hvd_dcasgd.algorithm.compensation import (
     COMPENSATIONS, GLOBAL, PER_GROUP, Compensation, CompensationRule, CompensationState, Push, register_compensation,
 )
-from hvd_dcasgd.errors import HvdDcasgdValueError
-from hvd_dcasgd.simulator import RoundRobin, simulate
-from hvd_dcasgd.update import FOREACH, FUSED, REFERENCE, default_update_path, lr_factor
+from hvd_dcasgd.common.errors import HvdDcasgdValueError
+from hvd_dcasgd.algorithm.simulator import RoundRobin, simulate
+from hvd_dcasgd.algorithm.update import FOREACH, FUSED, REFERENCE, default_update_path, lr_factor
 
 from helpers import (
     BATCH, WORKERS, apply_pushes, assert_same, digits_data, digits_model, fresh_server, lr_of_epoch, push_gradient,

@@ -10,10 +10,10 @@ import sys
 import pytest
 
 from helpers import ROOT, run
-from hvd_dcasgd.config import VARIABLES, check_environment, setting
-from hvd_dcasgd.errors import HvdDcasgdValueError
-from hvd_dcasgd.files import atomic_write
-from hvd_dcasgd.telemetry import Telemetry
+from hvd_dcasgd.common.config import VARIABLES, check_environment, setting
+from hvd_dcasgd.common.errors import HvdDcasgdValueError
+from hvd_dcasgd.common.files import atomic_write
+from hvd_dcasgd.observability.telemetry import Telemetry
 
 
 def test_settings_are_parsed_and_bad_values_named():
@@ -52,7 +52,7 @@ def test_the_launcher_refuses_a_misspelt_variable():
 
 
 def test_importing_the_package_loads_no_torch_until_asked():
-    probe = ("import sys, hvd_dcasgd, hvd_dcasgd.launch; print('torch' in sys.modules); "
+    probe = ("import sys, hvd_dcasgd, hvd_dcasgd.launcher.launch; print('torch' in sys.modules); "
              "hvd_dcasgd.Compensation; print('torch' in sys.modules)")
     assert run([sys.executable, "-c", probe]).stdout.split() == ["False", "True"]
 

@@ -41,7 +41,7 @@ def test_generated_sections_are_what_the_generator_writes():
 
 
 def test_the_variable_tables_name_every_variable():
-    from hvd_dcasgd.config import VARIABLES
+    from hvd_dcasgd.common.config import VARIABLES
 
     text = (ROOT / "docs" / "CONFIGURATION.md").read_text()
     for name in VARIABLES:
@@ -93,7 +93,7 @@ def _repository_files():
 def test_every_file_variable_and_test_a_page_names_exists(page):
     """A page that names a file (a path from the repository's root or the page's folder, or a bare name of a
     file somewhere in it), an HVD_DCASGD_ variable or a test function that does not exist fails here."""
-    from hvd_dcasgd.config import VARIABLES
+    from hvd_dcasgd.common.config import VARIABLES
 
     text = page.read_text()
     names = {p.name for p in _repository_files()}

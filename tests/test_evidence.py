@@ -281,7 +281,7 @@ def test_a_time_ratio_to_a_horovod_that_never_reached_the_target_is_a_bound_and_
 def test_a_gap_aware_variant_is_a_registered_compensation_with_its_gamma():
     _, _, run_module = evidence_modules()
     import variants
-    from hvd_dcasgd.compensation import COMPENSATIONS
+    from hvd_dcasgd.algorithm.compensation import COMPENSATIONS
 
     assert variants.gap_aware(0.999) == "gap_aware"
     name = variants.gap_aware(0.99)

@@ -10,8 +10,8 @@ import pytest
 
 from helpers import ROOT, run
 
-from hvd_dcasgd import launch
-from hvd_dcasgd.launch import MPICH, OPEN_MPI, LaunchError, Machine
+from hvd_dcasgd.launcher import launch
+from hvd_dcasgd.launcher.launch import MPICH, OPEN_MPI, LaunchError, Machine
 
 LAUNCHER = ROOT / "launch" / "hvd-dcasgd-run"
 PY = "/opt/python"
@@ -153,7 +153,7 @@ def test_a_launcher_of_another_mpi_is_refused(tmp_path):
 
 
 def test_rank_step_outside_an_mpi_job_says_so(tmp_path):
-    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launch.py"), "--rank-exec", "0,1", "x.py"],
+    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launcher" / "launch.py"), "--rank-exec", "0,1", "x.py"],
                  env={name: "" for name in launch.WORLD_RANK_VARIABLES + launch.LOCAL_RANK_VARIABLES})
     assert result.returncode == 2, result.stdout
     assert result.stdout.startswith("hvd-dcasgd-run: --rank-exec runs inside an MPI job, but none of"), result.stdout
@@ -272,7 +272,7 @@ def test_gpu_pinning_goes_through_the_rank_step_only_when_there_is_something_to_
     if pinned is None:
         assert plan.command[-4:] == [PY, *tail]
     else:
-        assert plan.command[-7:] == [PY, str(ROOT / "hvd_dcasgd" / "launch.py"), "--rank-exec", pinned, *tail]
+        assert plan.command[-7:] == [PY, str(ROOT / "hvd_dcasgd" / "launcher" / "launch.py"), "--rank-exec", pinned, *tail]
 
 
 def test_gpu_for_each_rank():
@@ -301,7 +301,7 @@ def test_the_rank_step_reads_mpich_and_slurm_rank_variables(tmp_path, env, expec
     program = tmp_path / "gpu.py"
     program.write_text("import os; print('gpu', repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n")
     blank = {name: "" for name in launch.WORLD_RANK_VARIABLES + launch.LOCAL_RANK_VARIABLES}
-    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launch.py"), "--rank-exec", "4,5,6", program],
+    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launcher" / "launch.py"), "--rank-exec", "4,5,6", program],
                  env={**blank, **env})
     assert result.returncode == 0, result.stdout
     assert result.stdout.strip() == f"gpu {expected}"

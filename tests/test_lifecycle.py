@@ -11,9 +11,9 @@ import torch
 
 from helpers import PROGRAMS, TCP, mpirun, python, run
 
-from hvd_dcasgd.errors import HvdDcasgdError
-from hvd_dcasgd.lifecycle import Lifecycle, Phase, Verdict
-from hvd_dcasgd.stall import StallWatch
+from hvd_dcasgd.common.errors import HvdDcasgdError
+from hvd_dcasgd.runtime.lifecycle import Lifecycle, Phase, Verdict
+from hvd_dcasgd.protocol.stall import StallWatch
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -343,8 +343,8 @@ def test_a_signal_past_the_grace_ends_the_process_at_once_with_a_sentence():
     """The way out at once: the handler says so, then the signal's own
     default action ends the process (status -SIGTERM); a noted one does not."""
     program = ("import os, signal, time\n"
-               "from hvd_dcasgd import preemption\n"
-               "from hvd_dcasgd.lifecycle import Lifecycle\n"
+               "from hvd_dcasgd.runtime import preemption\n"
+               "from hvd_dcasgd.runtime.lifecycle import Lifecycle\n"
                "lifecycle = Lifecycle()\n"
                "lifecycle.start_training(stops_on_signal=True, grace=0.5)\n"
                "preemption.install(lifecycle.signal_received, 'rank 3 (worker 2)')\n"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hvd_dcasgd.process import run_command
+from hvd_dcasgd.common.process import run_command
 from helpers import (PROGRAMS, ROOT, TRAINING, WORKERS, BackgroundJob, check_final_weights, check_history,
                      check_resumed_sharded, flat_ab, mpirun, per_shard, run, sharded_replay, trace, unavailable)
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import PROGRAMS, WORKERS, check_exactly_once, mpirun, replay_paper
-from hvd_dcasgd.worker import buckets
+from hvd_dcasgd.protocol.worker import buckets
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402

@@ -16,10 +16,10 @@ def _type_checking_imports():
     names = {}
     for node in block.body:
         for alias in node.names:
-            if node.module:  # from .x import name
+            if "." in node.module:  # from .pkg.module import name
                 names[alias.asname or alias.name] = ("name", node.module)
-            else:  # from . import x [as y]
-                names[alias.asname or alias.name] = ("module", alias.name)
+            else:  # from .pkg import module [as name]
+                names[alias.asname or alias.name] = ("module", f"{node.module}.{alias.name}")
     return names
 
 

@@ -10,12 +10,12 @@ announces it."""
 import numpy as np
 import torch
 
-from hvd_dcasgd.channel import GLOBAL_WORDS, WORDS_PER_WORKER, ServerChannel, control_words
-from hvd_dcasgd.compensation import Compensation
-from hvd_dcasgd.layout import ModelLayout, PushMessage
-from hvd_dcasgd.server import ParameterServer
-from hvd_dcasgd.serving import serve
-from hvd_dcasgd.telemetry import Telemetry
+from hvd_dcasgd.protocol.channel import GLOBAL_WORDS, WORDS_PER_WORKER, ServerChannel, control_words
+from hvd_dcasgd.algorithm.compensation import Compensation
+from hvd_dcasgd.protocol.layout import ModelLayout, PushMessage
+from hvd_dcasgd.algorithm.server import ParameterServer
+from hvd_dcasgd.serving.loop import serve
+from hvd_dcasgd.observability.telemetry import Telemetry
 
 WORKERS = 2
 

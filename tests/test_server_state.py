@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from hvd_dcasgd.compensation import COMPENSATIONS, GLOBAL, Compensation, CompensationRule, register_compensation
-from hvd_dcasgd.errors import HvdDcasgdValueError
-from hvd_dcasgd.update import FUSED_SGD, lr_factor
+from hvd_dcasgd.algorithm.compensation import COMPENSATIONS, GLOBAL, Compensation, CompensationRule, register_compensation
+from hvd_dcasgd.common.errors import HvdDcasgdValueError
+from hvd_dcasgd.algorithm.update import FUSED_SGD, lr_factor
 
 from helpers import WORKERS, apply_pushes, assert_same, fresh_server, push_gradient
 

@@ -7,11 +7,11 @@ import copy
 import pytest
 import torch
 
-from hvd_dcasgd.compensation import Compensation
-from hvd_dcasgd.endpoints import open_server
-from hvd_dcasgd.layout import ModelLayout
-from hvd_dcasgd.mpi import load_mpi
-from hvd_dcasgd.update import FOREACH, FUSED, FUSED_SGD, REFERENCE, is_sgd, lr_factor
+from hvd_dcasgd.algorithm.compensation import Compensation
+from hvd_dcasgd.algorithm.endpoints import open_server
+from hvd_dcasgd.protocol.layout import ModelLayout
+from hvd_dcasgd.runtime.mpi import load_mpi
+from hvd_dcasgd.algorithm.update import FOREACH, FUSED, FUSED_SGD, REFERENCE, is_sgd, lr_factor
 
 from helpers import OPTIMIZERS, WORKERS, Net, paper_compensation, param_groups, push_gradient, reference_step, server_and_reference
 

@@ -1,4 +1,4 @@
-"""How S servers split the flat parameter vector (hvd_dcasgd/shards.py)."""
+"""How S servers split the flat parameter vector (hvd_dcasgd/algorithm/shards.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from hvd_dcasgd.errors import HvdDcasgdValueError
-from hvd_dcasgd.layout import ModelLayout
-from hvd_dcasgd.shards import ALIGN_ELEMENTS, TOLERANCE, check_shardable, is_elementwise, partition
+from hvd_dcasgd.common.errors import HvdDcasgdValueError
+from hvd_dcasgd.protocol.layout import ModelLayout
+from hvd_dcasgd.algorithm.shards import ALIGN_ELEMENTS, TOLERANCE, check_shardable, is_elementwise, partition
 
 
 def offsets_of(sizes):
@@ -98,7 +98,7 @@ def _model_and_optimizer(cls=torch.optim.SGD, **kwargs):
 
 
 def test_a_slice_is_whole_parameters_and_flat_parts_with_every_group():
-    from hvd_dcasgd.shards import shard_layout
+    from hvd_dcasgd.algorithm.shards import shard_layout
 
     _, _, layout = _model_and_optimizer()  # 30 + 5 | 15 + 3 elements
     served, pieces = shard_layout(layout, 32, 47)
@@ -117,7 +117,7 @@ def test_optimizers_over_the_slices_step_exactly_as_the_whole_one(cls, kwargs):
     """Element-wise optimizers: each slice's optimizer (its state split from
     the whole one's) steps its elements exactly as the whole optimizer does,
     and the slices' states put together are the whole one's."""
-    from hvd_dcasgd.shards import merge_states, shard_layout, shard_optimizer
+    from hvd_dcasgd.algorithm.shards import merge_states, shard_layout, shard_optimizer
 
     model, optimizer, layout = _model_and_optimizer(cls, **kwargs)
     params = list(model.parameters())

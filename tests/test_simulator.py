@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import BATCH, SAMPLES, digits_data, digits_model, lr_of_epoch
-from hvd_dcasgd.simulator import (
+from hvd_dcasgd.algorithm.simulator import (
     EventDriven, RandomOrder, RoundRobin, TraceOrder, error_rate, simulate, steps_per_epoch, worker_batches,
 )
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from helpers import PROGRAMS, ROOT, replay_exactly, trace, unavailable
-from hvd_dcasgd.process import run_command
+from hvd_dcasgd.common.process import run_command
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402

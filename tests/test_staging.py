@@ -5,7 +5,7 @@ staging a device gets and why."""
 import pytest
 import torch
 
-from hvd_dcasgd.staging import (IN, OUT, UPDATE, RecordedLanes, Staging, choose_staging, chunks, pipeline)
+from hvd_dcasgd.protocol.staging import (IN, OUT, UPDATE, RecordedLanes, Staging, choose_staging, chunks, pipeline)
 
 
 def test_chunks_cover_the_elements_once_in_order():
@@ -73,10 +73,10 @@ def test_which_staging_a_device_gets_and_why():
 
 
 def _servers_weights(staged, mode, make_optimizer, wire, pushes=10, workers=3):
-    from hvd_dcasgd.compensation import Compensation
-    from hvd_dcasgd.endpoints import open_server
-    from hvd_dcasgd.layout import ModelLayout
-    from hvd_dcasgd.mpi import load_mpi
+    from hvd_dcasgd.algorithm.compensation import Compensation
+    from hvd_dcasgd.algorithm.endpoints import open_server
+    from hvd_dcasgd.protocol.layout import ModelLayout
+    from hvd_dcasgd.runtime.mpi import load_mpi
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(300, 200), torch.nn.Linear(200, 10))
@@ -127,7 +127,7 @@ def test_adam_on_a_staged_server_is_not_pipelined_and_says_why():
 
 
 def test_the_summary_names_the_update_path_and_for_a_staged_model_its_staging_and_why():
-    from hvd_dcasgd.telemetry import Telemetry
+    from hvd_dcasgd.observability.telemetry import Telemetry
 
     window, *_ = _servers_weights(False, "adaptive", lambda m: torch.optim.SGD([{"params": m[0].parameters()}, {"params": m[1].parameters()}], lr=0.1), torch.float32,
                                   pushes=1)

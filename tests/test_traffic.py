@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import traffic  # noqa: E402
 from common import flat_model, single_rank_server  # noqa: E402
-from hvd_dcasgd import native  # noqa: E402
+from hvd_dcasgd.common import native  # noqa: E402
 
 N = 4096
 MODEL = N * 4  # bytes of one model-sized float32 array

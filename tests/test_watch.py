@@ -102,7 +102,7 @@ USER_HANDLER = textwrap.dedent("""
 
 LOGGING = textwrap.dedent("""
     import logging, sys
-    from hvd_dcasgd.log import get_logger
+    from hvd_dcasgd.common.log import get_logger
 """) + USER_HANDLER + textwrap.dedent("""
     get_logger("progress").info("an info line")
     get_logger("server").warning("a warning line")
@@ -133,7 +133,7 @@ def test_logging_default_handler_user_handler_and_level(tmp_path):
 
 STALL = textwrap.dedent("""
     import logging, sys
-    from hvd_dcasgd.stall import StallWatch
+    from hvd_dcasgd.protocol.stall import StallWatch
 """) + USER_HANDLER + textwrap.dedent("""
     now = [0.0]
     watch = StallWatch(["worker 1 (MPI rank 2, host h)"], 1.0, clock=lambda: now[0])
@@ -162,8 +162,8 @@ def test_a_stall_warning_is_a_log_record_of_the_rank_not_a_python_warning(tmp_pa
 
 
 def test_progress_line_from_the_telemetry():
-    from hvd_dcasgd.progress import Progress
-    from hvd_dcasgd.telemetry import Telemetry
+    from hvd_dcasgd.observability.progress import Progress
+    from hvd_dcasgd.observability.telemetry import Telemetry
 
     telemetry = Telemetry(3)
     progress = Progress(telemetry)
@@ -180,7 +180,7 @@ def test_progress_line_from_the_telemetry():
 
 
 def test_the_metrics_variables_are_validated():
-    from hvd_dcasgd.config import check_environment
+    from hvd_dcasgd.common.config import check_environment
 
     problems = check_environment({"HVD_DCASGD_METRICS_INTERVAL": "0", "HVD_DCASGD_PROGRESS": "-1"})
     assert len(problems) == 2 and "HVD_DCASGD_METRICS_INTERVAL='0' is not valid: use a number > 0" in problems[0]
@@ -192,7 +192,7 @@ def test_compensation_ratio_is_the_formulas_on_copies(numel):
     server's weights, backups and DC-ASGD-a's MeanSquare are untouched."""
     import torch
 
-    from hvd_dcasgd.metrics import SAMPLE, _compensation_ratio
+    from hvd_dcasgd.algorithm.server import SAMPLE
 
     def server_of(mode):
         server = _server(mode, numel)
@@ -204,12 +204,12 @@ def test_compensation_ratio_is_the_formulas_on_copies(numel):
     g, gap = server.messages[1].gradient[::k], (server.weights - server.backups[1])[::k]
     expected = (0.5 * g * g * gap).abs().mean() / g.abs().mean()
     # float32 means of up to 65,536 terms, summed in another order than here
-    assert _compensation_ratio(server, 1, {}) == pytest.approx(expected.item(), rel=1e-4)
+    assert server.compensation_ratio(1, {}) == pytest.approx(expected.item(), rel=1e-4)
 
     server = server_of("adaptive")
     before = [server.weights.clone(), server.backups[1].clone(),
               *(t.clone() for t in server.update.state.of(1).values())]
-    assert _compensation_ratio(server, 1, {}) > 0
+    assert server.compensation_ratio(1, {}) > 0
     after = [server.weights, server.backups[1], *server.update.state.of(1).values()]
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
@@ -217,7 +217,7 @@ def test_compensation_ratio_is_the_formulas_on_copies(numel):
 def test_compensation_ratio_is_sampled_from_a_stale_push_only(tmp_path):
     """A push computed on the server's current weights is never compensated, so it is not the interval's sample;
     the next stale one is, once."""
-    from hvd_dcasgd.metrics import Metrics
+    from hvd_dcasgd.observability.metrics import Metrics
 
     server = _server("constant", 100)
     metrics = Metrics(server, tmp_path, tensorboard=False)
@@ -235,10 +235,10 @@ def _server(mode, numel):
     random gradient at rate 0.1 each, all computed on its current weights."""
     import torch
 
-    from hvd_dcasgd.compensation import Compensation
-    from hvd_dcasgd.endpoints import open_server
-    from hvd_dcasgd.layout import ModelLayout
-    from hvd_dcasgd.mpi import load_mpi
+    from hvd_dcasgd.algorithm.compensation import Compensation
+    from hvd_dcasgd.algorithm.endpoints import open_server
+    from hvd_dcasgd.protocol.layout import ModelLayout
+    from hvd_dcasgd.runtime.mpi import load_mpi
 
     model = torch.nn.Linear(1, numel, bias=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

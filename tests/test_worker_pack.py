@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from helpers import run
-from hvd_dcasgd import native
-from hvd_dcasgd.tensors import copy_checked_
+from hvd_dcasgd.common import native
+from hvd_dcasgd.common.tensors import copy_checked_
 
 SPECIAL = [0.0, -0.0, 1e-45, -1e-45, 1e-38, torch.finfo(torch.float32).max, -torch.finfo(torch.float32).max]
 
@@ -48,7 +48,7 @@ def test_kernel_declines_what_it_cannot_copy_and_the_fallback_checks_in_the_targ
 
 
 def test_without_the_kernel_the_pack_is_a_copy_and_a_check():
-    probe = ("import torch\nfrom hvd_dcasgd import native\nfrom hvd_dcasgd.tensors import copy_checked_\n"
+    probe = ("import torch\nfrom hvd_dcasgd.common import native\nfrom hvd_dcasgd.common.tensors import copy_checked_\n"
              "s, t = torch.randn(100000), torch.empty(100000)\n"
              "assert native.library() is None and native.pack_f32(s, t) is None\n"
              "assert copy_checked_(t, s) and torch.equal(t, s)\n"
@@ -64,8 +64,8 @@ class _Channel:
 
 
 def _worker(model, wire=torch.float32, slices=None):
-    from hvd_dcasgd.layout import ModelLayout
-    from hvd_dcasgd.worker import Worker
+    from hvd_dcasgd.protocol.layout import ModelLayout
+    from hvd_dcasgd.protocol.worker import Worker
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.25)
     channels = [_Channel() for _ in (slices or [None])]
@@ -84,8 +84,8 @@ def _assemble(pieces, nbytes):
 
 
 def test_large_gradients_go_as_they_lie_small_ones_packed_and_the_inbox_is_the_packed_message():
-    from hvd_dcasgd.layout import flatten_into
-    from hvd_dcasgd.worker import DIRECT_PUT_BYTES
+    from hvd_dcasgd.protocol.layout import flatten_into
+    from hvd_dcasgd.protocol.worker import DIRECT_PUT_BYTES
 
     model = torch.nn.Sequential(torch.nn.Linear(200, 100), torch.nn.Linear(100, 10), torch.nn.Linear(10, 300))
     model(torch.randn(4, 200)).square().sum().backward()
@@ -105,7 +105,7 @@ def test_large_gradients_go_as_they_lie_small_ones_packed_and_the_inbox_is_the_p
 
 
 def test_a_nan_in_a_gradient_sent_as_it_lies_is_refused_by_name_before_anything_goes():
-    from hvd_dcasgd.errors import HvdDcasgdError
+    from hvd_dcasgd.common.errors import HvdDcasgdError
 
     model = torch.nn.Sequential(torch.nn.Linear(200, 100), torch.nn.Linear(100, 10))
     model(torch.randn(4, 200)).sum().backward()
@@ -122,7 +122,7 @@ def test_the_worker_sends_each_server_the_rates_and_its_slice_of_the_gradient():
     """Worker.per_server: server s's inbox is the learning-rate header, then
     the gradient's elements of s's slice, whatever pieces the pack made
     (large gradients Put from their own memory, small ones packed)."""
-    from hvd_dcasgd.worker import DIRECT_PUT_BYTES
+    from hvd_dcasgd.protocol.worker import DIRECT_PUT_BYTES
 
     big = DIRECT_PUT_BYTES // 4 + 8  # a gradient Put from its own memory
     model = torch.nn.Sequential(torch.nn.Linear(big, 1), torch.nn.Linear(1, 3))

@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from hvd_dcasgd.channel import HEARTBEAT, REPLIED, WAITING, WRITING_BIT, WorkerChannel, control_words
-from hvd_dcasgd.errors import HvdDcasgdError
-from hvd_dcasgd.exits import SERVER_SILENT
+from hvd_dcasgd.protocol.channel import HEARTBEAT, REPLIED, WAITING, WRITING_BIT, WorkerChannel, control_words
+from hvd_dcasgd.common.errors import HvdDcasgdError
+from hvd_dcasgd.runtime.exits import SERVER_SILENT
 
 
 class StoppingServer:

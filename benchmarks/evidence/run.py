@@ -38,8 +38,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent), str(ROOT)]  # tasks, benchmarks' he
 
 from tqdm import tqdm  # noqa: E402
 
-from hvd_dcasgd.errors import HvdDcasgdError  # noqa: E402
-from hvd_dcasgd.process import run_command  # noqa: E402
+from hvd_dcasgd.common.errors import HvdDcasgdError  # noqa: E402
+from hvd_dcasgd.common.process import run_command  # noqa: E402
 from jobs import child_env, mpirun  # noqa: E402
 from plan import JITTER, METHODS, MOMENTUM, SCALES, Scale, key_of, plan  # noqa: E402
 from records import empty, load, save, succeeded  # noqa: E402
@@ -64,7 +64,7 @@ def execute(spec: Dict, work: Path) -> Dict:
 
 def compensation_of(spec: Dict):
     """The server's ``Compensation`` for ``spec``'s method and constant."""
-    from hvd_dcasgd.compensation import Compensation
+    from hvd_dcasgd.algorithm.compensation import Compensation
     from variants import gap_aware
 
     method = METHODS[spec["method"]]
@@ -84,7 +84,7 @@ def simulate_run(spec: Dict, work: Path) -> Dict:
     """One simulator run, in this process (a simulator pool's worker)."""
     import torch
 
-    from hvd_dcasgd.simulator import EventDriven, RoundRobin, simulate
+    from hvd_dcasgd.algorithm.simulator import EventDriven, RoundRobin, simulate
 
     torch.set_num_threads(1)
     task = TASKS[spec["task"]]

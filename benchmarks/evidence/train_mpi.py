@@ -62,7 +62,7 @@ def main() -> None:
 
         if args.compensation == "gap_aware" and args.constant is not None:
             args.compensation, args.constant = gap_aware(args.constant), None
-    from hvd_dcasgd.simulator import error_rate, worker_batches
+    from hvd_dcasgd.algorithm.simulator import error_rate, worker_batches
 
     hvd.init()
     torch.set_num_threads(1)

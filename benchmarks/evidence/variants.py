@@ -7,7 +7,7 @@ gamma 0.999."""
 
 from __future__ import annotations
 
-from hvd_dcasgd.compensation import COMPENSATIONS, GapAwareCompensation, register_compensation
+from hvd_dcasgd.algorithm.compensation import COMPENSATIONS, GapAwareCompensation, register_compensation
 
 PACKAGE_GAMMA = GapAwareCompensation.gamma
 

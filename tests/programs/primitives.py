@@ -11,9 +11,9 @@ import time
 import numpy as np
 import torch
 
-from hvd_dcasgd.channel import ServerChannel, WorkerChannel, control_words
-from hvd_dcasgd.mpi import load_mpi
-from hvd_dcasgd.transport import ControlWords, Mailboxes
+from hvd_dcasgd.protocol.channel import ServerChannel, WorkerChannel, control_words
+from hvd_dcasgd.runtime.mpi import load_mpi
+from hvd_dcasgd.protocol.transport import ControlWords, Mailboxes
 
 MPI = load_mpi()
 comm = MPI.COMM_WORLD

@@ -1,0 +1,9 @@
+"""The paper's algorithm and what it needs, independent of when things happen:
+the compensation rules and their registry (`compensation`), the server's
+update and its paths (`update`, `pipelined`), how several servers split the
+flat vector (`shards`), the parameter server's state and what it refuses (`server`), the one way to
+build a server or a worker over a communicator (`endpoints`), and M virtual
+workers in one process against the real server (`simulator`).
+
+May import: `common`, `runtime`, `protocol`, `observability`.
+"""

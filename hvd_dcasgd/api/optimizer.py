@@ -1,0 +1,412 @@
+"""``DistributedOptimizer``: the user's optimizer, made asynchronous.
+
+Shaped like Horovod's ``horovod/torch/optimizer.py``: a dynamic subclass of
+the user's optimizer class, gradient hooks that count backward passes, and
+``synchronize()`` / ``skip_synchronize()``.  On a worker, ``step()`` pushes the
+gradients to the parameter server and loads the weights it answers with; the
+server runs the user's optimizer on the compensated gradient.  On the server
+rank, building the optimizer *is* running the server: it serves until every
+worker has finished, then exits with status 0.  The ``horovod`` method is the
+baseline: Horovod's own synchronous ``DistributedOptimizer`` among the
+workers, the server rank idle.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterable, Iterator, Optional, Tuple, Type
+
+import torch
+
+from ..algorithm.compensation import COMPENSATIONS, MODES, SCHEDULES, Compensation
+from ..algorithm.shards import check_shardable, is_elementwise, partition
+from ..algorithm.update import lr_factor
+from ..common.config import resolve
+from ..common.errors import HvdDcasgdError, HvdDcasgdValueError
+from ..protocol.layout import ModelLayout
+from ..runtime.exits import rendezvous
+from ..runtime.horovod import require_horovod
+from ..runtime.roles import LOCAL, SERVER, WORKER, Runtime, runtime
+from ..serving.session import HorovodSession, idle_server, run_server, start_worker
+from .compression import Compression, Compressor
+from .mpi_ops import Adasum, Average, Sum
+
+#: Every training method by its short name: the server's modes (``none`` is
+#: ASGD, ``sync`` is SSGD, ``constant``/``adaptive`` are DC-ASGD-c/-a) and
+#: ``horovod``, Horovod's own synchronous allreduce among the workers.
+METHODS = MODES + ("horovod",)
+#: Where training runs: the parameter server, or Horovod's allreduce among the workers.
+BACKENDS = ("server", "horovod")
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, backward_passes_per_step: int = 1):
+        super(self.__class__, self).__init__(params)
+        self.backward_passes_per_step = backward_passes_per_step
+        self._session = None
+        self._local_steps = 0
+        self._passes = {}
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._count_pass)
+            for group in self.param_groups
+            for p in group["params"]
+            if p.requires_grad
+        ]
+
+    def _count_pass(self, p: torch.Tensor) -> None:
+        count = self._passes.get(p, 0) + 1
+        if count > self.backward_passes_per_step:
+            raise HvdDcasgdError(
+                "hvd_dcasgd: gradients were computed more than backward_passes_per_step="
+                f"{self.backward_passes_per_step} times before step(); increase backward_passes_per_step "
+                "to accumulate gradients locally, or call step() after each backward()."
+            )
+        self._passes[p] = count
+        if count == self.backward_passes_per_step and self._session is not None and not self._session.finished:
+            self._session.worker.gradient_final(p)  # its bucket may go now, during backward
+
+    def synchronize(self) -> None:
+        """Close the gradient-accumulation window.
+
+        In Horovod this waits for the allreduce so that gradients can be
+        clipped or unscaled before ``step()``.  Here gradients stay on the
+        worker until ``step()`` pushes them, so there is nothing to wait for:
+        whatever ``p.grad`` holds when ``step()`` runs is what the server gets
+        (buckets sent during backward are sent again by ``step()``, in case
+        the gradients are clipped or unscaled in between).
+        """
+        self._passes.clear()
+        self._restart_buckets()
+
+    def _restart_buckets(self) -> None:
+        if self._session is not None and not self._session.finished:
+            self._session.worker.restart()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients and start a new accumulation window (a step a
+        GradScaler skipped after an overflow leaves none open)."""
+        self._passes.clear()
+        self._restart_buckets()
+        super(self.__class__, self).zero_grad(set_to_none)
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Horovod's idiom ``synchronize(); clip; with skip_synchronize():
+        step()`` works unchanged: ``step()`` always pushes the current
+        gradients exactly once."""
+        yield
+
+    def step(self, closure=None):
+        """Push the gradients and load the server's new weights (the server
+        steps); when training locally, a plain step."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._passes.clear()
+        if self._session is None:
+            super(self.__class__, self).step()
+            self._local_steps += 1
+        elif self._session.finished:
+            raise HvdDcasgdError("hvd_dcasgd: training has ended (hvd.shutdown() ran); this optimizer can no longer step")
+        else:
+            self._session.exchange()
+        return loss
+
+    @property
+    def pushes(self) -> int:
+        """How many of this worker's gradients the server has taken, counting
+        the jobs this one resumes (0 on a fresh start): a resumed script skips
+        that many steps of its data.  Counts steps when training locally."""
+        if self._session is not None:
+            return self._session.pushes
+        return self._local_steps
+
+    def state_dict(self):
+        """While training, the server's optimizer state (its optimizer is the
+        one that steps), so that a checkpoint saved on a worker is complete;
+        the model is brought to the server's weights of the same moment (a
+        pull), so ``model.state_dict()`` and this belong together."""
+        if self._session is not None and not self._session.finished:
+            return self._session.optimizer_state_with_weights()
+        return super(self.__class__, self).state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        """Load on the server while training (its optimizer is the one that
+        steps), then here.  A state the server cannot take raises here and
+        changes nothing, on either side."""
+        if self._session is not None and not self._session.finished:
+            self._session.load_optimizer_state(state_dict)
+        super(self.__class__, self).load_state_dict(state_dict)
+
+
+def _server_device(rt: Runtime, requested: Optional[str]) -> torch.device:
+    """The server's device: as asked, else its GPU when it has one (with
+    several servers on a node, each its own: the one of its index among
+    them), else the CPU."""
+    requested = resolve("HVD_DCASGD_SERVER_DEVICE", requested)
+    if requested:
+        return torch.device(requested)
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    if rt.servers > 1:
+        return torch.device("cuda", rt.local_rank % torch.cuda.device_count())
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def resolve_method(compensation: Optional[str], schedule: Optional[str], backend: Optional[str]) -> Tuple[str, str, str]:
+    """(compensation, schedule, backend) from the three settings, each
+    overridden by its environment variable; ``compensation="sync"`` and
+    ``"horovod"`` are shorthands for ``none`` on the sync schedule and for the
+    Horovod backend."""
+    compensation = resolve("HVD_DCASGD_COMPENSATION", compensation)
+    schedule = resolve("HVD_DCASGD_SCHEDULE", schedule)  # unset: as the compensation's shorthand says, else async
+    backend = resolve("HVD_DCASGD_BACKEND", backend)  # unset: as the shorthand says, else the server
+    if compensation == "horovod":
+        compensation, backend = "none", backend or "horovod"
+    elif compensation == "sync":
+        compensation, schedule = "none", schedule or "sync"
+    schedule, backend = schedule or "async", backend or "server"
+    if compensation not in COMPENSATIONS:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown compensation {compensation!r}; choose one of "
+                                  f"{', '.join(METHODS)}")
+    if schedule not in SCHEDULES:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if backend not in BACKENDS:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    return compensation, schedule, backend
+
+
+def method_name(compensation: str, schedule: str, backend: str) -> str:
+    """The short name of a method (one of :data:`METHODS` for the built-in
+    ones): ``horovod``, ``sync``, or the compensation's name."""
+    if backend == "horovod":
+        return "horovod"
+    if schedule == "sync":
+        return "sync" if compensation == "none" else f"sync+{compensation}"
+    return compensation
+
+
+def DistributedOptimizer(
+    optimizer: torch.optim.Optimizer,
+    named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
+    compression: Type[Compressor] = Compression.none,
+    backward_passes_per_step: int = 1,
+    op: str = Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups=None,
+    sparse_as_dense: bool = False,
+    process_set=None,
+    *,
+    compensation: Optional[str] = None,
+    lambda_0: Optional[float] = None,
+    mean_square_momentum: float = 0.95,
+    eps: float = 1e-7,
+    per_worker_mean_square: bool = False,
+    model: Optional[torch.nn.Module] = None,
+    trace: Optional[str] = None,
+    server_device: Optional[str] = None,
+    check_finite: bool = True,
+    schedule: Optional[str] = None,
+    backend: Optional[str] = None,
+    lr_scaling: Optional[str] = None,
+    checkpoint_dir: Optional[str] = None,
+    metrics_dir: Optional[str] = None,
+    fusion_threshold: Optional[int] = None,
+) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` for asynchronous training with delay compensation.
+
+    On a worker, ``step()`` pushes the gradients to the parameter server and
+    loads the weights it answers with; on the server rank this call serves
+    until every worker has finished, then exits with status 0.
+
+    Arguments:
+        optimizer: the optimizer the server runs (any ``torch.optim``
+            optimizer; ``torch.optim.SGD`` takes the one-pass C kernel).
+        named_parameters: the model's ``named_parameters()``, so that a
+            mismatch between ranks is reported by name.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16``: the dtype
+            gradients travel in.
+        backward_passes_per_step: backward passes accumulated locally per step.
+        op: must be ``Average``.  ``gradient_predivide_factor``,
+            ``num_groups``, ``groups``, ``sparse_as_dense`` and ``process_set``
+            are Horovod's; they are accepted and have no effect here (one flat
+            dense message carries every gradient), and are passed on under the
+            ``horovod`` backend.
+        compensation: ``"adaptive"`` (DC-ASGD-a, default), ``"constant"``
+            (DC-ASGD-c), ``"none"`` (ASGD) or any registered compensation; the
+            shorthands ``"sync"`` (``none`` on the ``sync`` schedule: SSGD on
+            the server) and ``"horovod"`` (the ``horovod`` backend).
+            ``HVD_DCASGD_COMPENSATION`` overrides it.
+        lambda_0: the compensation's lambda_0 (default: the rule's, the
+            paper's values).  ``HVD_DCASGD_LAMBDA`` overrides it.
+        mean_square_momentum, eps: DC-ASGD-a's MeanSquare momentum and epsilon.
+        per_worker_mean_square: one MeanSquare per worker (the authors' code)
+            instead of the paper's global one.
+        model: lets the server manage the rest of the model's state (buffers
+            such as BatchNorm statistics, frozen parameters).
+        trace: a path for the server's JSON-lines trace (``HVD_DCASGD_TRACE``).
+        server_device: the server's device, CUDA when it has one by default
+            (``HVD_DCASGD_SERVER_DEVICE``).
+        check_finite: refuse a NaN or Inf gradient on the worker, before it is sent.
+        schedule: ``"async"`` (default: each push applied as it arrives) or
+            ``"sync"`` (one averaged update per round of pushes).
+            ``HVD_DCASGD_SCHEDULE`` overrides it.
+        backend: ``"server"`` (default: the parameter server) or ``"horovod"``
+            (Horovod's own ``DistributedOptimizer`` among the workers, the
+            server rank idle).  ``HVD_DCASGD_BACKEND`` overrides it.
+        lr_scaling: ``"horovod"`` (default): the optimizer's learning rate
+            means what it means under Horovod, the rate for the average of
+            ``size()`` gradients (scripts scale it by ``hvd.size()``), so each
+            asynchronous gradient is applied at ``lr / size()``; the ``sync``
+            schedule applies it as given.  ``"none"``: every gradient at the
+            rate as given (scripts written for asynchronous SGD, the paper's
+            setting).  ``HVD_DCASGD_LR_SCALING`` overrides it.
+        checkpoint_dir: a folder where the server writes checkpoints of the
+            whole training state (every ``HVD_DCASGD_CHECKPOINT_INTERVAL``
+            seconds, when the job is asked to stop, and at the end; the last
+            two kept); a job started again with the same folder resumes from
+            the newest, each worker from the weights it last received, and
+            ``optimizer.pushes`` says how many steps to skip.
+            ``HVD_DCASGD_CHECKPOINT_DIR`` overrides it.
+        metrics_dir: a folder where the server writes its scalars for
+            TensorBoard (rates, staleness, each worker's pushes per second,
+            ...: :mod:`hvd_dcasgd.observability.metrics`) every
+            ``HVD_DCASGD_METRICS_INTERVAL`` seconds.
+            ``HVD_DCASGD_METRICS`` overrides it.
+        fusion_threshold: the most bytes of gradient a worker sends in one
+            bucket during backward, as soon as backward has finished it
+            (default 64 MiB, Horovod's ``HOROVOD_FUSION_THRESHOLD``); 0
+            sends the whole gradient with ``step()``.  The server applies
+            the push whole either way.  ``HVD_DCASGD_FUSION_THRESHOLD``
+            overrides it.
+    """
+    rt = runtime()
+    if rt.session is not None:
+        raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
+    compensation, schedule, backend = resolve_method(compensation, schedule, backend)
+    method = method_name(compensation, schedule, backend)
+    if rt.role != LOCAL and not rt.joined:
+        rendezvous(rt.world, rt.mpi, rt.servers)  # a rank that exited instead is named, never waited for
+        rt.joined = True
+    _agree_on_method(rt, method)
+    if backend == "horovod":
+        return _horovod_optimizer(
+            rt, optimizer, named_parameters, compression, backward_passes_per_step, op,
+            gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
+        )
+    if op != Average:
+        raise HvdDcasgdError(
+            f"hvd_dcasgd: op={op!r} is not supported: the parameter server applies each worker's gradient "
+            "(or, in sync mode, their average)"
+        )
+    if backward_passes_per_step < 1:
+        raise HvdDcasgdError("hvd_dcasgd: backward_passes_per_step must be at least 1")
+    threshold = resolve("HVD_DCASGD_FUSION_THRESHOLD", fusion_threshold)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: fusion_threshold={threshold!r} is not valid: use a whole number "
+                                  "of bytes >= 0.")
+    lr_scaling = resolve("HVD_DCASGD_LR_SCALING", lr_scaling)
+    lr_factor(lr_scaling, schedule, 1)  # an unknown one is a sentence here, on every rank
+    settings = Compensation(
+        mode=compensation,
+        schedule=schedule,
+        lambda_0=resolve("HVD_DCASGD_LAMBDA", lambda_0),
+        mean_square_momentum=mean_square_momentum,
+        eps=eps,
+        per_worker_mean_square=per_worker_mean_square,
+    )
+    layout = ModelLayout.of(optimizer, named_parameters, model)
+    wire_dtype = compression.wire(layout.dtype)
+    slices = _slices(rt, optimizer, layout)
+    if rt.role == SERVER:
+        trace = resolve("HVD_DCASGD_TRACE", trace)
+        run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(rt, server_device), trace,
+                   checkpoint_dir, slices, metrics_dir, lr_scaling=lr_scaling)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    wrapped = cls(optimizer.param_groups, backward_passes_per_step)
+    wrapped.compensation = settings
+    wrapped.lr_scaling = lr_scaling
+    wrapped.method = method
+    if rt.role != LOCAL:
+        wrapped._session = start_worker(rt, wrapped, layout, settings, wire_dtype, model, check_finite, slices,
+                                        lr_scaling=lr_scaling)
+        wrapped._session.worker.set_fusion_threshold(threshold)
+    return wrapped
+
+
+def _slices(rt: Runtime, optimizer: torch.optim.Optimizer, layout: ModelLayout) -> list:
+    """Each server's slice of the flat parameter vector, the same on every
+    rank (split inside a parameter only for an element-wise optimizer); what
+    several servers cannot do yet is refused on every rank alike."""
+    if rt.role == LOCAL or rt.servers == 1:
+        return [(0, layout.numel)]
+    try:
+        check_shardable(optimizer, rt.servers)
+        return partition(layout.offsets, rt.servers, whole_tensors=not is_elementwise(optimizer))
+    except HvdDcasgdValueError as exc:  # the same on every rank
+        raise HvdDcasgdValueError(str(exc), collective=True) from None
+
+
+def _agree_on_method(rt: Runtime, method: str) -> None:
+    """Every rank must run the same method, and Horovod's baseline needs
+    Horovod on every worker: otherwise the same clear error on every rank."""
+    if rt.role == LOCAL:
+        if method == "horovod":
+            require_horovod(rt.horovod, 'compensation="horovod"', rt.horovod_off)
+        return
+    answers = rt.world.allgather((method, rt.horovod_off if rt.role == WORKER else None))
+    methods = sorted({m for m, _ in answers})
+    if "horovod" in methods and len(methods) > 1:  # other mismatches: the session's agreement check names them
+        raise HvdDcasgdError(
+            f"hvd_dcasgd: the ranks were asked for different methods ({', '.join(methods)}); "
+            "set the same compensation (or HVD_DCASGD_COMPENSATION) on every rank.",
+            collective=True,
+        )
+    not_running = [reason for _, reason in answers if reason]
+    if method == "horovod" and not_running:
+        require_horovod(None, 'compensation="horovod" on every worker', not_running[0])
+
+
+_HOROVOD_OPS = {Average: "Average", Sum: "Sum", Adasum: "Adasum"}
+
+
+def _horovod_optimizer(
+    rt: Runtime,
+    optimizer: torch.optim.Optimizer,
+    named_parameters,
+    compression: Type[Compressor],
+    backward_passes_per_step: int,
+    op: str,
+    gradient_predivide_factor: float,
+    num_groups: int,
+    groups,
+    sparse_as_dense: bool,
+    process_set,
+) -> torch.optim.Optimizer:
+    """Horovod's ``DistributedOptimizer`` among the workers; on the server
+    rank, idle until the workers finish, then exit with status 0."""
+    if rt.role == SERVER:
+        idle_server(rt)
+    horovod = rt.horovod
+    name = next((n for n in ("none", "fp16", "bf16") if getattr(Compression, n) is compression), None)
+    if name is None or not hasattr(horovod.Compression, name) or op not in _HOROVOD_OPS:
+        raise HvdDcasgdError(f"hvd_dcasgd: Horovod has no {name or compression.__name__} compression or {op!r} op")
+    options = {} if process_set is None else {"process_set": process_set}
+    wrapped = horovod.DistributedOptimizer(
+        optimizer,
+        named_parameters=named_parameters,
+        compression=getattr(horovod.Compression, name),
+        backward_passes_per_step=backward_passes_per_step,
+        op=getattr(horovod, _HOROVOD_OPS[op]),
+        gradient_predivide_factor=gradient_predivide_factor,
+        num_groups=num_groups,
+        groups=groups,
+        sparse_as_dense=sparse_as_dense,
+        **options,
+    )
+    wrapped.method = "horovod"
+    if rt.role == WORKER:
+        rt.session = HorovodSession(rt)
+    return wrapped

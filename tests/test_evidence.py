@@ -278,18 +278,11 @@ def test_a_time_ratio_to_a_horovod_that_never_reached_the_target_is_a_bound_and_
     assert mixed.timed[0]["bound"] == "mixed" and mixed.timed[0]["p"] is None
 
 
-def test_a_gap_aware_variant_is_a_registered_compensation_with_its_gamma():
+def test_each_methods_constant_is_its_compensations_setting():
     _, _, run_module = evidence_modules()
-    import variants
-    from hvd_dcasgd.algorithm.compensation import COMPENSATIONS
-
-    assert variants.gap_aware(0.999) == "gap_aware"
-    name = variants.gap_aware(0.99)
-    assert COMPENSATIONS[name].gamma == 0.99 and variants.gap_aware(0.99) == name
-    spec = {"method": "gap_aware", "constant": 0.9999}
-    assert run_module.compensation_of(spec).rule.gamma == 0.9999
-    with pytest.raises(ValueError, match="strictly between 0 and 1"):
-        variants.gap_aware(1.0)
+    assert run_module.compensation_of({"method": "gap_aware", "constant": 0.9999}).gamma == 0.9999
+    assert run_module.compensation_of({"method": "adaptive", "constant": 8.0}).lambda_0 == 8.0
+    assert run_module.compensation_of({"method": "none", "constant": None}).constants() == {}
 
 
 def test_a_run_whose_weights_become_nan_is_recorded_as_diverged_at_chance(tmp_path):

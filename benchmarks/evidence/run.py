@@ -65,12 +65,11 @@ def execute(spec: Dict, work: Path) -> Dict:
 def compensation_of(spec: Dict):
     """The server's ``Compensation`` for ``spec``'s method and constant."""
     from hvd_dcasgd.algorithm.compensation import Compensation
-    from variants import gap_aware
 
     method = METHODS[spec["method"]]
-    if method.constant == "gamma":
-        return Compensation(gap_aware(spec["constant"]))
-    return Compensation(method.mode, spec["constant"] if method.constant == "lambda_0" else None)
+    if method.constant is None:
+        return Compensation(method.mode)
+    return Compensation(method.mode, **{method.constant: spec["constant"]})
 
 
 def rate(spec: Dict):

@@ -58,10 +58,6 @@ def main() -> None:
         import horovod.torch as hvd
     else:
         import hvd_dcasgd as hvd
-        from variants import gap_aware
-
-        if args.compensation == "gap_aware" and args.constant is not None:
-            args.compensation, args.constant = gap_aware(args.constant), None
     from hvd_dcasgd.algorithm.simulator import error_rate, worker_batches
 
     hvd.init()
@@ -79,7 +75,8 @@ def main() -> None:
     else:
         optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), compensation=args.compensation,
-            lambda_0=args.constant, model=model,
+            **({} if args.constant is None else {"gamma" if args.compensation == "gap_aware" else "lambda_0":
+                                                 args.constant}), model=model,
             lr_scaling="none",  # the rate as set here: the sequential one per gradient, or the scaled one per average
         )
         lockstep = optimizer.method in ("horovod", "sync")  # a synchronous round waits for every worker

@@ -22,9 +22,30 @@ def test_settings_are_parsed_and_bad_values_named():
     assert setting("HVD_DCASGD_HOROVOD", {"HVD_DCASGD_HOROVOD": " Auto "}) == "auto"
     for name, raw, reason in [("HVD_DCASGD_LAMBDA", "fast", "it is not a number"),
                               ("HVD_DCASGD_LAMBDA", "-1", "use a finite number >= 0"),
-                              ("HVD_DCASGD_THREAD_LEVEL", "many", "use single, funneled, serialized, multiple")]:
+                              ("HVD_DCASGD_THREAD_LEVEL", "many", "use auto, single, funneled, serialized, multiple")]:
         with pytest.raises(HvdDcasgdValueError, match=f"{name}='{raw}' is not valid: {reason}"):
             setting(name, {name: raw})
+
+
+def test_the_settings_are_read_once_into_one_frozen_object_with_the_tables_defaults():
+    from dataclasses import FrozenInstanceError
+
+    from hvd_dcasgd.common.config import resolve, settings
+
+    environ = {"HVD_DCASGD_STALL_TIMEOUT": "5", "PATH": "/bin"}
+    first = settings(environ)
+    assert settings(dict(environ)) is first, "the same environment is not read again"
+    assert first.stall_timeout == 5.0 and first.progress == 60.0 and first.log_level == "info"
+    assert resolve("HVD_DCASGD_PROGRESS", 7.0, environ) == 7.0, "the script's argument over the default"
+    assert resolve("HVD_DCASGD_STALL_TIMEOUT", 7.0, environ) == 5.0, "the environment over the argument"
+    with pytest.raises(FrozenInstanceError):
+        first.environment = {}
+    with pytest.raises(TypeError):
+        first.environment["HVD_DCASGD_STALL_TIMEOUT"] = 1.0
+    with pytest.raises(AttributeError, match="HVD_DCASGD_NO_SUCH is not a variable"):
+        first.no_such
+    with pytest.raises(HvdDcasgdValueError, match="HVD_DCASGD_PROGRESS='soon' is not valid"):
+        settings({"HVD_DCASGD_PROGRESS": "soon"})
 
 
 def test_every_variable_the_code_reads_is_in_the_table():

@@ -177,13 +177,14 @@ def resolve_method(compensation: Optional[str], schedule: Optional[str], backend
     ``"horovod"`` are shorthands for ``none`` on the sync schedule and for the
     Horovod backend."""
     compensation = resolve("HVD_DCASGD_COMPENSATION", compensation)
-    schedule = resolve("HVD_DCASGD_SCHEDULE", schedule)  # unset: as the compensation's shorthand says, else async
-    backend = resolve("HVD_DCASGD_BACKEND", backend)  # unset: as the shorthand says, else the server
+    # unset: as the compensation's shorthand says, else the table's default
+    schedule = setting("HVD_DCASGD_SCHEDULE") or schedule
+    backend = setting("HVD_DCASGD_BACKEND") or backend
     if compensation == "horovod":
         compensation, backend = "none", backend or "horovod"
     elif compensation == "sync":
         compensation, schedule = "none", schedule or "sync"
-    schedule, backend = schedule or "async", backend or "server"
+    schedule, backend = resolve("HVD_DCASGD_SCHEDULE", schedule), resolve("HVD_DCASGD_BACKEND", backend)
     if compensation not in COMPENSATIONS:
         raise HvdDcasgdValueError(f"hvd_dcasgd: unknown compensation {compensation!r}; choose one of "
                                   f"{', '.join(METHODS)}")

@@ -1,24 +1,27 @@
 """Every ``HVD_DCASGD_*`` environment variable, read and validated here.
 
-The package (:func:`resolve`, :func:`setting`) and the launcher
-(:func:`check_environment`) use this one table, so they accept and refuse the
-same values, and a misspelt variable name is an error with the list of known
-ones instead of a setting silently ignored.  Each setting is resolved in one
-way, by :func:`resolve`: the environment over the script's argument over the
-table's one default.  Standard library only: the launcher imports it without
-torch.
+The package and the launcher (:func:`check_environment`) use this one table,
+so they accept and refuse the same values, and a misspelt variable name is an
+error with the list of known ones instead of a setting silently ignored.
+Every variable of the process is read and checked once, into one frozen
+:class:`Settings` (:func:`settings`); whatever reads a setting reads that
+object, through :func:`resolve` (the environment over the script's argument
+over the table's one default) or :func:`setting` (the environment alone).
+Every default is the table's.  Standard library only: the launcher imports
+it without torch.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import HvdDcasgdValueError
 
-__all__ = ["VARIABLES", "Variable", "check_environment", "resolve", "setting"]
+__all__ = ["VARIABLES", "Settings", "Variable", "check_environment", "resolve", "setting", "settings"]
 
 PREFIX = "HVD_DCASGD_"
 
@@ -96,9 +99,11 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_COMPENSATION", "the compensation: none (ASGD), constant (DC-ASGD-c), adaptive (DC-ASGD-a), "
              "staleness (the rate divided by the staleness), gap_aware (Gap-Aware) or a registered one; or the "
              "shorthands sync and horovod; overrides DistributedOptimizer(compensation=...)", default='adaptive'),
-    Variable("HVD_DCASGD_SCHEDULE", "async or sync; overrides DistributedOptimizer(schedule=...)", _choice("async", "sync")),
-    Variable("HVD_DCASGD_BACKEND", "server (the parameter server) or horovod (Horovod's own allreduce); overrides "
-             "DistributedOptimizer(backend=...)", _choice("server", "horovod")),
+    Variable("HVD_DCASGD_SCHEDULE", "async or sync (the compensation shorthand sync implies sync); overrides "
+             "DistributedOptimizer(schedule=...)", _choice("async", "sync"), default="async"),
+    Variable("HVD_DCASGD_BACKEND", "server (the parameter server) or horovod (Horovod's own allreduce; the "
+             "compensation shorthand horovod implies it); overrides DistributedOptimizer(backend=...)",
+             _choice("server", "horovod"), default="server"),
     Variable("HVD_DCASGD_LR_SCALING", "horovod (a worker's rate is for the average of size() gradients: applied "
              "at lr / size() per asynchronous gradient) or none (as given); overrides "
              "DistributedOptimizer(lr_scaling=...)", _choice("horovod", "none"), default='horovod'),
@@ -139,12 +144,13 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              "pushes/s and silence, refused pushes, apply and checkpoint times, the compensation's size) there "
              "every HVD_DCASGD_METRICS_INTERVAL seconds, as TensorBoard event files (a CSV without the tensorboard "
              "package); docs/USAGE.md describes each; overrides DistributedOptimizer(metrics_dir=...)"),
-    Variable("HVD_DCASGD_METRICS_INTERVAL", "seconds between two writes of the metrics (default 10)",
-             _positive_number),
+    Variable("HVD_DCASGD_METRICS_INTERVAL", "seconds between two writes of the metrics", _positive_number,
+             default=10.0),
     Variable("HVD_DCASGD_PROGRESS", "seconds between the server's progress lines (updates, rate, staleness, the "
-             "slowest worker, the last checkpoint; default 60; 0: none)", _non_negative_number),
-    Variable("HVD_DCASGD_LOG_LEVEL", "the level of the package's messages (logger hvd_dcasgd): debug, info "
-             "(default), warning, error or critical", _choice("debug", "info", "warning", "error", "critical")),
+             "slowest worker, the last checkpoint; 0: none)", _non_negative_number, default=60.0),
+    Variable("HVD_DCASGD_LOG_LEVEL", "the level of the package's messages (logger hvd_dcasgd): debug, info, "
+             "warning, error or critical; unset, a level the script set on the logger stays",
+             _choice("debug", "info", "warning", "error", "critical"), default="info"),
     Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),
     Variable("HVD_DCASGD_FUSION_THRESHOLD", "the most bytes of gradient in one bucket a worker sends during "
              "backward, as soon as backward has finished it (64 MiB, as Horovod's "
@@ -155,10 +161,11 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              "parameters each, the rest are workers; overrides init(servers=...)", _positive_integer, default=1),
     Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device (default: CUDA when it has one, else the CPU)"),
     Variable("HVD_DCASGD_HOROVOD", "auto, 0 or 1: start Horovod among the workers", _choice("auto", "0", "1"), default='auto'),
-    Variable("HVD_DCASGD_THREAD_LEVEL", "the MPI thread level mpi4py asks for",
-             _choice("single", "funneled", "serialized", "multiple")),
+    Variable("HVD_DCASGD_THREAD_LEVEL", "the MPI thread level mpi4py asks for (auto: multiple when Horovod "
+             "starts on the workers, else serialized)", _choice("auto", "single", "funneled", "serialized", "multiple"),
+             default="auto"),
     Variable("HVD_DCASGD_NATIVE", "0 turns the C kernel off (1 builds it)", _choice("0", "1"), default='1'),
-    Variable("HVD_DCASGD_CACHE", "where the C kernel is built (default ~/.cache/hvd_dcasgd)"),
+    Variable("HVD_DCASGD_CACHE", "where the C kernel is built", default="~/.cache/hvd_dcasgd"),
     Variable("HVD_DCASGD_WITHOUT_HOROVOD", "1: .ci/setup.sh does not build Horovod", _choice("0", "1"), "scripts"),
     Variable("HVD_DCASGD_LAUNCHER", "srun or mpirun: how the SLURM batch scripts start the ranks",
              _choice("srun", "mpirun"), "scripts"),
@@ -182,23 +189,60 @@ def _parse(variable: Variable, raw: str) -> Any:
         raise HvdDcasgdValueError(f"hvd_dcasgd: {variable.name}={raw!r} is not valid: {exc}.") from None
 
 
+@dataclass(frozen=True)
+class Settings:
+    """Every variable of the table as this process's environment sets it,
+    parsed and checked once (``environment``: the parsed values of those
+    set).  ``settings().stall_timeout`` is ``HVD_DCASGD_STALL_TIMEOUT``'s value
+    or the table's default; :meth:`value` adds the script's argument."""
+
+    environment: Mapping[str, Any] = field(default_factory=dict)
+
+    def value(self, name: str, argument: Any = None) -> Any:
+        """``name``'s variable when set, else ``argument`` when not ``None``, else the table's default."""
+        found = self.environment.get(name)
+        if found is not None:
+            return found
+        return argument if argument is not None else VARIABLES[name].default
+
+    def __getattr__(self, attribute: str) -> Any:
+        name = PREFIX + attribute.upper()
+        if name not in VARIABLES:
+            raise AttributeError(f"no setting {attribute!r} ({name} is not a variable of hvd_dcasgd)")
+        return self.value(name)
+
+
+def _snapshot(environ: Mapping[str, str]) -> Tuple[Tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in environ.items() if k.startswith(PREFIX) and k in VARIABLES))
+
+
+_resolved: Dict[Tuple[Tuple[str, str], ...], Settings] = {}
+
+
+def settings(environ: Optional[Mapping[str, str]] = None) -> Settings:
+    """This process's settings, read from the environment once (a changed
+    environment -- a test's -- is read again).  A value that cannot be used
+    raises a sentence naming it."""
+    snapshot = _snapshot(os.environ if environ is None else environ)
+    found = _resolved.get(snapshot)
+    if found is None:
+        parsed = {name: _parse(VARIABLES[name], raw) for name, raw in snapshot if raw.strip() != ""}
+        found = _resolved[snapshot] = Settings(MappingProxyType(parsed))
+    return found
+
+
 def setting(name: str, environ: Optional[Mapping[str, str]] = None) -> Any:
-    """The value of variable ``name``, parsed; ``None`` when it is unset or
-    empty.  A value that cannot be used raises a sentence naming it."""
-    raw = (os.environ if environ is None else environ).get(name, "")
-    if raw.strip() == "":
-        return None
-    return _parse(VARIABLES[name], raw)
+    """The value of variable ``name`` as the environment sets it, parsed;
+    ``None`` when it is unset or empty."""
+    VARIABLES[name]  # an unknown name is a KeyError here, not a silent None
+    return settings(environ).environment.get(name)
 
 
 def resolve(name: str, argument: Any = None, environ: Optional[Mapping[str, str]] = None) -> Any:
     """Setting ``name``, resolved: its environment variable when set, else
     ``argument`` (what the script passed) when not ``None``, else the
-    table's one default.  Every setting of the package is read this way."""
-    value = setting(name, environ)
-    if value is not None:
-        return value
-    return argument if argument is not None else VARIABLES[name].default
+    table's one default."""
+    return settings(environ).value(name, argument)
 
 
 def check_environment(environ: Optional[Mapping[str, str]] = None) -> List[str]:
@@ -211,8 +255,10 @@ def check_environment(environ: Optional[Mapping[str, str]] = None) -> List[str]:
             problems.append(f"hvd_dcasgd: {name} is not a variable of hvd_dcasgd (a misspelling?); known: "
                             f"{', '.join(sorted(VARIABLES))}.")
             continue
+        if environ[name].strip() == "":
+            continue
         try:
-            setting(name, environ)
+            _parse(VARIABLES[name], environ[name])
         except HvdDcasgdValueError as exc:
             problems.append(str(exc))
     return problems

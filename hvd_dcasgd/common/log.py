@@ -24,7 +24,7 @@ import os
 import sys
 from typing import Optional
 
-from .config import setting
+from .config import resolve, setting
 
 __all__ = ["LOGGER", "get_logger", "launcher_rank"]
 
@@ -84,7 +84,7 @@ def _set_up() -> None:
     if level is not None:
         LOGGER.setLevel(getattr(logging, level.upper()))
     elif LOGGER.level == logging.NOTSET:  # a level the script set before stays
-        LOGGER.setLevel(logging.INFO)
+        LOGGER.setLevel(getattr(logging, resolve("HVD_DCASGD_LOG_LEVEL").upper()))
 
 
 def get_logger(name: str = "") -> logging.Logger:

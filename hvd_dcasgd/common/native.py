@@ -25,7 +25,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..common.config import resolve, setting
+from ..common.config import resolve
 from ..common.log import get_logger
 
 log = get_logger("native")
@@ -43,11 +43,10 @@ _tried = False
 
 
 def _cache_dir() -> Path:
-    if setting("HVD_DCASGD_CACHE"):
-        return Path(setting("HVD_DCASGD_CACHE"))
+    folder = resolve("HVD_DCASGD_CACHE")
     try:
-        return Path.home() / ".cache" / "hvd_dcasgd"
-    except RuntimeError:  # no home directory
+        return Path(folder).expanduser()
+    except RuntimeError:  # "~" and no home directory
         return Path(tempfile.gettempdir()) / "hvd_dcasgd"
 
 

@@ -48,17 +48,14 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence
 
 import torch
 
-from ..common.config import setting
+from ..common.config import resolve, setting
 from ..common.log import get_logger
 
 if TYPE_CHECKING:
     from ..algorithm.server import ParameterServer
     from .telemetry import Telemetry
 
-__all__ = ["DEFAULT_INTERVAL", "Metrics", "Reading", "interval_figures", "metrics_folder"]
-
-#: Seconds between two writes unless ``HVD_DCASGD_METRICS_INTERVAL`` says otherwise.
-DEFAULT_INTERVAL = 10.0
+__all__ = ["Metrics", "Reading", "interval_figures", "metrics_folder"]
 
 log = get_logger("metrics")
 
@@ -230,5 +227,4 @@ def metrics_settings(metrics_dir: Optional[str] = None) -> Optional[tuple]:
     folder = setting("HVD_DCASGD_METRICS") or metrics_dir
     if folder is None:
         return None
-    interval = setting("HVD_DCASGD_METRICS_INTERVAL")
-    return os.path.expanduser(folder), DEFAULT_INTERVAL if interval is None else interval
+    return os.path.expanduser(folder), resolve("HVD_DCASGD_METRICS_INTERVAL")

@@ -14,26 +14,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..common.config import setting
+from ..common.config import resolve
 from ..common.log import get_logger
 from .metrics import Reading, interval_figures
 
 if TYPE_CHECKING:
     from .telemetry import Telemetry
 
-__all__ = ["DEFAULT_INTERVAL", "Progress", "progress_interval"]
-
-#: Seconds between two lines unless ``HVD_DCASGD_PROGRESS`` says otherwise.
-DEFAULT_INTERVAL = 60.0
+__all__ = ["Progress", "progress_interval"]
 
 log = get_logger("progress")
 
 
 def progress_interval() -> Optional[float]:
     """Seconds between two progress lines; ``None`` for none."""
-    value = setting("HVD_DCASGD_PROGRESS")
-    value = DEFAULT_INTERVAL if value is None else value
-    return value or None
+    return resolve("HVD_DCASGD_PROGRESS") or None
 
 
 def _ago(seconds: float) -> str:

@@ -51,9 +51,6 @@ from .layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 #: a model of many small tensors still makes few Puts.
 DIRECT_PUT_BYTES = 1 << 16
 
-#: Horovod's default fusion threshold (``HOROVOD_FUSION_THRESHOLD``): the
-#: most bytes of gradient one bucket carries.
-FUSION_THRESHOLD = 64 << 20
 
 
 def buckets(sizes: Sequence[int], threshold: int) -> List[Tuple[int, int]]:

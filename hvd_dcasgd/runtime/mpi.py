@@ -18,7 +18,7 @@ import sys
 from types import ModuleType
 from typing import Any, Dict
 
-from ..common.config import setting
+from ..common.config import resolve
 from ..common.errors import HvdDcasgdError
 from .horovod import horovod_wanted
 
@@ -48,7 +48,8 @@ def choose_thread_level() -> None:
         import mpi4py
     except ImportError:
         return
-    mpi4py.rc.thread_level = setting("HVD_DCASGD_THREAD_LEVEL") or ("multiple" if horovod_wanted() else "serialized")
+    level = resolve("HVD_DCASGD_THREAD_LEVEL")
+    mpi4py.rc.thread_level = level if level != "auto" else "multiple" if horovod_wanted() else "serialized"
 
 
 def load_mpi() -> ModuleType:

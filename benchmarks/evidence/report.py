@@ -338,10 +338,11 @@ class Report:
         out_of_box = "; ".join(f"{LABELS[row]}: " + ", ".join(f"{n} {v:g}" for n, v in OUT_OF_THE_BOX[m])
                                for row, m in DEFAULT_ROWS.items())
         count = initial_runs(self.scale)
+        epochs = self.scale.epochs_of()
         return ["## Set-up", "",
                 f"Task: `{self.scale.task}` ({'{:,} training / {:,} validation / {:,} test images'.format(*task.sizes)}"
                 f"); model `{task.model.__name__}` (`benchmarks/evidence/tasks.py`); batch {task.batch_size} per "
-                f"worker; {self.scale.epochs_of()} epochs, the rate divided by 10 at 50% and 75% of them; plain SGD "
+                f"worker; {epochs} epoch{'s' if epochs != 1 else ''}, the rate divided by 10 at 50% and 75% of them; plain SGD "
                 f"on the server; delays {DELAY}; M = {', '.join(map(str, self.scale.workers))}.", "",
                 f"Tuning on the validation split, seeds {', '.join(map(str, self.scale.tuning_seeds))}; each "
                 "method's initial grid: the rates centre x "

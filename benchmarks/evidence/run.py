@@ -82,8 +82,8 @@ def simulate_run(spec: Dict, work: Path) -> Dict:
     try:
         result = simulate(task.model, train, validation if spec["split"] == "validation" else test,
                           compensation=compensation_of(spec), workers=spec["workers"], epochs=spec["epochs"],
-                          batch_size=task.batch_size, lr=rate(spec), delay=EventDriven.homogeneous(spec["workers"], JITTER),
-                          seed=spec["seed"])
+                          batch_size=task.batch_size, lr=rate(spec), seed=spec["seed"],
+                          delay=EventDriven.homogeneous(spec["workers"], JITTER))
     except HvdDcasgdError as error:
         if DIVERGED not in str(error):
             raise

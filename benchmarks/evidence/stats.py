@@ -10,7 +10,7 @@ differences (percentage points), not from two separate spreads.
   the mean (``scipy.stats.bootstrap``); the Wilcoxon signed-rank test
   (``scipy.stats.wilcoxon``, zeros dropped, exact or normal, the method kept);
   the exact sign test (``scipy.stats.binomtest``).  ``p``, the p-value a
-  verdict rests on, is the t test's (see ``docs/results/PLAN.md``, section 5).
+  verdict rests on, is the t test's (see ``docs/results/PLAN.md``, section 6).
 * ``divergence_test``: the exact McNemar test on paired did-not-train flags.
 * ``holm``: Holm's step-down adjustment of a family of p-values
   (``statsmodels.stats.multitest.multipletests``); ``holm_levels``: the

@@ -349,7 +349,10 @@ class Report:
                 + ", ".join(f"{2.0 ** k:g}" for k in self.scale.rate_steps) + " at each M, times its constants' "
                 f"grids; at most {self.scale.extensions} grid extensions per dimension. Evaluation on the test "
                 f"set, seeds 0 to {self.scale.seeds - 1}, paired. Out of the box: {out_of_box}. Initial waves: "
-                f"{count['tuning']} tuning and {count['evaluation']} evaluation runs.", "",
+                f"{count['tuning']} tuning and {count['evaluation']} evaluation runs. Cut from the second design "
+                f"for the budget ([{PLAN}]({PLAN}), section 9): momentum on the server, round-robin delays, DC-ASGD-c, "
+                "the staleness-aware rate, DC-ASGD at ASGD's rate with lambda_0 tuned there, and time to accuracy.",
+                "",
                 table(["method", "server mode", "rate grid centre", "constants' initial grids", "rate"], body)]
 
     def tuning(self) -> List[str]:

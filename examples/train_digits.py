@@ -53,6 +53,13 @@ def accuracy(model, x, y):
     return correct.item()
 
 
+def constants(optimizer) -> str:
+    """The compensation's constants, as the server applies them (none for ASGD, sync or Horovod)."""
+    settings = getattr(optimizer, "compensation", None)
+    found = settings.constants() if settings is not None else {}
+    return "".join(f", {name} {value:g}" for name, value in found.items())
+
+
 def main():
     parser = argparse.ArgumentParser(description="DC-ASGD on scikit-learn digits")
     parser.add_argument("--epochs", type=int, default=30)
@@ -60,7 +67,9 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.0)
     parser.add_argument("--compensation", default="adaptive", choices=hvd.MODES)
-    parser.add_argument("--lambda-0", type=float, default=None)
+    parser.add_argument("--lambda-0", type=float, default=None, help="DC-ASGD's lambda_0 (default: the method's)")
+    parser.add_argument("--bound", type=float, default=None,
+                        help="DC-ASGD's bound on its correction, times |g| (default 1; inf: the paper's rule)")
     parser.add_argument("--fp16-allreduce", action="store_true", help="send gradients as float16")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--trace", default=None, help="write the server's staleness trace here")
@@ -83,6 +92,7 @@ def main():
         compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
         compensation=args.compensation,
         lambda_0=args.lambda_0,
+        bound=args.bound,
         model=model,
         trace=args.trace,
         lr_scaling="none",  # --lr is the rate for every gradient, as sequential SGD's (the paper's setting)
@@ -116,7 +126,7 @@ def main():
     if hvd.rank() == 0:
         print(
             f"final test accuracy {accuracy(model, x_test, y_test):.4f} "
-            f"(compensation {optimizer.method}, {hvd.size()} workers, "
+            f"(compensation {optimizer.method}{constants(optimizer)}, {hvd.size()} workers, "
             f"{time.perf_counter() - started:.1f} s)",
             flush=True,
         )

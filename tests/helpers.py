@@ -11,6 +11,7 @@
 
 import copy
 import json
+import math
 import importlib.util
 import os
 import shutil
@@ -205,18 +206,24 @@ def run_job(out, *args, **kwargs):
 
 
 # --- the paper's formula ---------------------------------------------------
-def paper_compensation(mode, g, w, w_bak, lambda_0, mean_square=None):
+def paper_compensation(mode, g, w, w_bak, lambda_0, mean_square=None, bound=1.0):
     """DC-ASGD's compensated gradient, as the paper writes it: Eq. 10,
     ``g + lambda * g * g * (w - w_bak)``, with lambda_t = lambda_0
     (``constant``) or lambda_0 / sqrt(MeanSquare + eps) (``adaptive``,
     section 6: ``mean_square``, updated in place, with momentum 0.95 and
-    eps 1e-7); ``g`` itself for any other mode (ASGD)."""
+    eps 1e-7), the correction then held within ``bound * |g|`` (the package's
+    default 1.0; ``math.inf``: the paper's formula unchanged); ``g`` itself
+    for any other mode (ASGD)."""
     if mode == "constant":
-        return g + lambda_0 * g * g * (w - w_bak)
-    if mode == "adaptive":
+        correction = lambda_0 * g * g * (w - w_bak)
+    elif mode == "adaptive":
         mean_square.mul_(0.95).add_(0.05 * g * g)
-        return g + lambda_0 / torch.sqrt(mean_square + 1e-7) * g * g * (w - w_bak)
-    return g
+        correction = lambda_0 / torch.sqrt(mean_square + 1e-7) * g * g * (w - w_bak)
+    else:
+        return g
+    if bound != math.inf:
+        correction = correction.clamp(min=-bound * g.abs(), max=bound * g.abs())
+    return g + correction
 
 
 # --- a server over COMM_SELF -------------------------------------------------

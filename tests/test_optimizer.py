@@ -54,11 +54,22 @@ def test_backward_passes_per_step_is_enforced():
 
 
 def test_environment_overrides_the_script(monkeypatch):
-    monkeypatch.setenv("HVD_DCASGD_COMPENSATION", "none")
+    monkeypatch.setenv("HVD_DCASGD_COMPENSATION", "constant")
     monkeypatch.setenv("HVD_DCASGD_LAMBDA", "0.5")
+    monkeypatch.setenv("HVD_DCASGD_BOUND", "inf")
     model = _model()
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compensation="adaptive")
-    assert opt.compensation.mode == "none" and opt.compensation.lambda_0 == 0.5
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), compensation="adaptive",
+                                   lambda_0=2.0, bound=0.5)
+    assert opt.compensation.mode == "constant" and opt.compensation.constants() == {"lambda_0": 0.5,
+                                                                                     "bound": float("inf")}
+    monkeypatch.setenv("HVD_DCASGD_COMPENSATION", "none")  # a constant the method ignores is said, not dropped
+    with pytest.raises(ValueError, match="the 'none' compensation does not use lambda_0 .*uses no constant"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    monkeypatch.delenv("HVD_DCASGD_LAMBDA")
+    monkeypatch.delenv("HVD_DCASGD_BOUND")
+    monkeypatch.setenv("HVD_DCASGD_COMPENSATION", "gap_aware")
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), gamma=0.9999, gap_eps=1e-6)
+    assert opt.compensation.constants() == {"gamma": 0.9999, "gap_eps": 1e-6}
     monkeypatch.setenv("HVD_DCASGD_COMPENSATION", "fast")
     with pytest.raises(ValueError, match="unknown compensation 'fast'"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))

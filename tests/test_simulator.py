@@ -139,3 +139,16 @@ def test_a_time_budget_lets_fast_workers_draw_more_batches(tmp_path):
     assert budgeted.samples == BATCH * sum(pushes) and budgeted.seconds == until
     assert budgeted.times == pytest.approx([4.0, 8.0, 12.0]) and len(budgeted.test_errors) == 3
     assert pushes[0] > steps_per_epoch(SAMPLES, 0, 4, BATCH), "a fast worker goes past its shard's epoch"
+
+
+def test_the_bound_is_the_simulators_too_bit_for_bit(tmp_path):
+    """A bounded DC-ASGD-a replays bit for bit from its own trace; the paper's rule (bound inf) and a tighter
+    bound are other runs."""
+    from hvd_dcasgd import Compensation
+
+    bounded = Compensation("adaptive", lambda_0=8.0, bound=0.5)
+    first = _run(bounded, delay=RandomOrder(), trace=tmp_path / "trace.jsonl")
+    replay = _run(bounded, delay=TraceOrder(str(tmp_path / "trace.jsonl")))
+    assert torch.equal(first.weights, replay.weights)
+    paper = _run(Compensation("adaptive", lambda_0=8.0, bound=float("inf")), delay=RandomOrder())
+    assert not torch.equal(first.weights, paper.weights)

@@ -10,17 +10,22 @@ and, when the fused C kernel computes it, says how
 (:meth:`CompensationRule.kernel`).  The built-in ones:
 
 * ``none`` (ASGD): ``g``;
-* ``constant`` (DC-ASGD-c): ``g + lambda_0 * g * g * (w - w_bak(m))``;
+* ``constant`` (DC-ASGD-c): ``g + clamp(lambda_0 * g * g * (w - w_bak(m)), -bound * |g|, bound * |g|)``;
 * ``adaptive`` (DC-ASGD-a): ``MeanSquare = m * MeanSquare + (1 - m) * g * g``,
-  then ``g + lambda_0 / sqrt(MeanSquare + eps) * g * g * (w - w_bak(m))``;
+  then ``g + clamp(lambda_0 / sqrt(MeanSquare + eps) * g * g * (w - w_bak(m)), -bound * |g|, bound * |g|)``;
 * ``staleness`` (staleness-aware learning rate, Zhang et al., IJCAI 2016):
   ``g / max(1, tau)``, tau the push's staleness;
 * ``gap_aware`` (Gap-Aware, Barkai et al., ICLR 2020):
   ``g / (1 + |w - w_bak(m)| / C)``, C the typical size of one step.
 
-The paper's formula is :func:`dcasgd_`, shaped like ``torch.optim.sgd``: a
+The clamp keeps the Taylor term a correction: element by element it is never
+larger than ``bound`` times the gradient it corrects, so with ``bound <= 1``
+it never reverses the gradient's sign (``docs/DESIGN.md``, "The bounded
+correction").  ``bound=math.inf`` is the paper's rule exactly.
+
+The formula is :func:`dcasgd_`, shaped like ``torch.optim.sgd``: a
 single-tensor reference that reads like Eq. 10, a multi-tensor (``foreach``)
-implementation, and a fused one (the C kernel of :mod:`native`, or torch ops on
+implementation, and a fused one (the C kernel of :mod:`hvd_dcasgd.common.native`, or torch ops on
 cache-sized chunks where it cannot be built) that reads and writes each
 element once.  What the server does with the compensated gradient -- the
 optimizer's step -- is :mod:`hvd_dcasgd.algorithm.update`.
@@ -37,11 +42,13 @@ from typing import Callable, ClassVar, Dict, Iterator, List, NamedTuple, Optiona
 import torch
 from torch import Tensor
 
+from ..common.config import VARIABLES
 from ..common.errors import HvdDcasgdValueError
 from ..common import native
 
 __all__ = [
-    "COMPENSATIONS", "Compensation", "CompensationRule", "CompensationState", "GLOBAL", "KernelCall", "MODES",
+    "COMPENSATIONS", "CONSTANTS", "Compensation", "CompensationRule", "CompensationState", "GLOBAL", "KernelCall",
+    "MODES",
     "PER_GROUP", "PER_WORKER", "Push", "SCHEDULES", "compensation_rule", "dcasgd_", "register_compensation",
 ]
 
@@ -58,6 +65,11 @@ SCHEDULES = ("async", "sync")
 #: Elements per chunk of the fused implementation: four such float32 chunks
 #: (w, w_bak, g and one temporary) stay inside a core's L2/L3 cache.
 FUSED_CHUNK = 262144
+
+
+def _default(variable: str) -> float:
+    """A constant's one default: its variable's in the settings table."""
+    return VARIABLES[variable].default
 
 
 # --- the registry -----------------------------------------------------------
@@ -80,21 +92,38 @@ class Push(NamedTuple):
 
 
 class KernelCall(NamedTuple):
-    """How the C kernel computes a compensation: its ``lambda_0`` and the name
-    of the state tensor it uses as MeanSquare (``None``: a constant lambda)."""
+    """How the C kernel computes a compensation: its ``lambda_0``, the name
+    of the state tensor it uses as MeanSquare (``None``: a constant lambda)
+    with that average's momentum and epsilon, and the bound on the
+    correction, as a multiple of |g| (``math.inf``: none)."""
 
     lambda_0: float
     mean_square: Optional[str] = None
+    mean_square_momentum: float = 0.0
+    eps: float = 0.0
+    bound: float = math.inf
 
 
 class CompensationRule:
     """A way to correct a stale gradient.  Subclass, set ``name`` (and
-    ``default_lambda_0``), implement :meth:`compensate_`, and decorate with
-    :func:`register_compensation`; every rank, the server's update, the
-    checkpoints and the ``compensation=`` option then know it."""
+    ``defaults``, the constants it uses), implement :meth:`compensate_`, and
+    decorate with :func:`register_compensation`; every rank, the server's
+    update, the checkpoints and the ``compensation=`` option then know it."""
 
     name: ClassVar[str]
-    default_lambda_0: ClassVar[float] = 0.0
+    #: The constants of :class:`Compensation` this rule uses, with their
+    #: defaults (any of :data:`CONSTANTS`); a constant it does not list is
+    #: refused with a sentence when set.
+    defaults: ClassVar[Dict[str, float]] = {}
+    #: Before ``defaults``: a rule that sets this uses ``lambda_0`` with this default.
+    default_lambda_0: ClassVar[Optional[float]] = None
+
+    def constants(self) -> Dict[str, float]:
+        """The constants this rule uses, with their defaults."""
+        found = dict(self.defaults)
+        if self.default_lambda_0 is not None:
+            found.setdefault("lambda_0", self.default_lambda_0)
+        return found
 
     def state(self, settings: "Compensation") -> Dict[str, str]:
         """The tensors this rule keeps, zero at the start, by name: each
@@ -196,25 +225,30 @@ class NoCompensation(CompensationRule):
 
 @register_compensation
 class ConstantCompensation(CompensationRule):
-    """DC-ASGD-c: ``g + lambda_0 * g * g * (w - w_bak)``; the paper's CIFAR-10 lambda_0."""
+    """DC-ASGD-c: ``g + lambda_0 * g * g * (w - w_bak)``, the correction
+    bounded by ``bound * |g|``; the paper's CIFAR-10 lambda_0."""
 
     name = "constant"
-    default_lambda_0 = 0.04
+    defaults = {"lambda_0": 0.04, "bound": _default("HVD_DCASGD_BOUND")}
 
     def compensate_(self, grads, weights, backups, state, settings, *, impl, push=None):
         if settings.lambda_0 > 0:
-            dcasgd_(grads, weights, backups, None, lambda_0=settings.lambda_0, **_impl_flags(impl))
+            dcasgd_(grads, weights, backups, None, lambda_0=settings.lambda_0, bound=settings.bound,
+                    **_impl_flags(impl))
 
     def kernel(self, settings):
-        return KernelCall(settings.lambda_0)
+        return KernelCall(settings.lambda_0, bound=settings.bound)
 
 
 @register_compensation
 class AdaptiveCompensation(CompensationRule):
-    """DC-ASGD-a: lambda scaled element-wise by ``1 / sqrt(MeanSquare + eps)``."""
+    """DC-ASGD-a: lambda scaled element-wise by ``1 / sqrt(MeanSquare + eps)``,
+    the correction bounded by ``bound * |g|``."""
 
     name = "adaptive"
-    default_lambda_0 = 2.0
+    defaults = {"lambda_0": 2.0, "bound": _default("HVD_DCASGD_BOUND"),
+                "mean_square_momentum": _default("HVD_DCASGD_MEAN_SQUARE_MOMENTUM"),
+                "eps": _default("HVD_DCASGD_EPS")}
 
     def state(self, settings):
         return {"mean_square": PER_WORKER if settings.per_worker_mean_square else GLOBAL}
@@ -222,10 +256,12 @@ class AdaptiveCompensation(CompensationRule):
     def compensate_(self, grads, weights, backups, state, settings, *, impl, push=None):
         if settings.lambda_0 > 0:
             dcasgd_(grads, weights, backups, state["mean_square"], lambda_0=settings.lambda_0,
-                    mean_square_momentum=settings.mean_square_momentum, eps=settings.eps, **_impl_flags(impl))
+                    mean_square_momentum=settings.mean_square_momentum, eps=settings.eps, bound=settings.bound,
+                    **_impl_flags(impl))
 
     def kernel(self, settings):
-        return KernelCall(settings.lambda_0, "mean_square")
+        return KernelCall(settings.lambda_0, "mean_square", settings.mean_square_momentum, settings.eps,
+                          settings.bound)
 
 
 @register_compensation
@@ -283,24 +319,21 @@ class GapAwareCompensation(CompensationRule):
       too;
     * ``v``, its bias correction and eta_max are shared by all workers
       (:data:`GLOBAL`, :data:`PER_GROUP`), as DC-ASGD-a's MeanSquare, and
-      updated once per server update; ``per_worker_mean_square``,
-      ``mean_square_momentum``, ``eps`` and ``lambda_0`` of the settings do
-      not apply: ``gamma`` and ``eps`` are this class's attributes;
+      updated once per server update;
+    * its constants are the settings ``gamma`` and ``gap_eps``;
     * a group never applied at a rate above 0 is not penalised.
     """
 
     name = "gap_aware"
-    #: The momentum of the running average of g * g.
-    gamma: ClassVar[float] = 0.999
-    #: Added to the running average's square root.
-    eps: ClassVar[float] = 1e-8
+    #: gamma: the momentum of the running average of g * g; gap_eps: added to its square root.
+    defaults = {"gamma": _default("HVD_DCASGD_GAMMA"), "gap_eps": _default("HVD_DCASGD_GAP_EPS")}
 
     def state(self, settings):
         return {"square_average": GLOBAL, "average_weight": PER_GROUP, "max_lr": PER_GROUP}
 
     def compensate_(self, grads, weights, backups, state, settings, *, impl, push=None):
         push = _the_push(self, push)
-        gamma = self.gamma
+        gamma = settings.gamma
         weight, max_lr = state["average_weight"][0], state["max_lr"][0]
         weight.mul_(gamma).add_(1 - gamma)  # 1 - gamma^t after t updates
         torch.maximum(max_lr, torch.tensor(push.lrs, dtype=max_lr.dtype, device=max_lr.device), out=max_lr)
@@ -309,7 +342,7 @@ class GapAwareCompensation(CompensationRule):
             g = grads[i].view(-1)[start:end]
             v = state["square_average"][i].view(-1)[start:end]
             v.mul_(gamma).addcmul_(g, g, value=1 - gamma)
-            c = torch.div(v, weight[group]).sqrt_().add_(self.eps).mul_(rate[group])
+            c = torch.div(v, weight[group]).sqrt_().add_(settings.gap_eps).mul_(rate[group])
             gap = torch.sub(weights[i].view(-1)[start:end], backups[i].view(-1)[start:end]).abs_()
             g.div_(gap.div_(c).add_(1))
 
@@ -321,27 +354,66 @@ MODES = (*COMPENSATIONS, "sync")
 
 
 # --- the settings -----------------------------------------------------------
+#: The constants a compensation may use (its rule's :meth:`~CompensationRule.constants`), each with what it
+#: must be.  ``bound`` may be ``math.inf``: the paper's unbounded correction.
+CONSTANTS: Dict[str, str] = {
+    "lambda_0": "a finite number >= 0",
+    "bound": "a number > 0, or inf (the paper's unbounded correction)",
+    "mean_square_momentum": "a number in [0, 1)",
+    "eps": "a finite number > 0",
+    "gamma": "a number in [0, 1)",
+    "gap_eps": "a finite number > 0",
+}
+
+
+def _valid(name: str, value: float) -> bool:
+    if name == "bound":
+        return value > 0 and not math.isnan(value)
+    if name in ("mean_square_momentum", "gamma"):
+        return 0.0 <= value < 1.0
+    if name == "lambda_0":
+        return math.isfinite(value) and value >= 0
+    return math.isfinite(value) and value > 0
+
+
 @dataclass(frozen=True)
 class Compensation:
     """What the server does to a stale gradient, and when it applies one.
 
-    ``mode`` names a registered compensation (``none``, ``constant``,
-    ``adaptive``, ...); ``mode="sync"`` is the shorthand for ``mode="none",
-    schedule="sync"``.  ``lambda_0`` defaults to the rule's (the paper's
-    CIFAR-10 values: 0.04 for ``constant``, 2.0 for ``adaptive``).
-    ``per_worker_mean_square`` keeps one MeanSquare per worker (the authors'
-    code) instead of the paper's global one.  ``schedule`` is ``async`` or
-    ``sync`` (see :data:`SCHEDULES`).  What a worker's learning rate means
-    is not the compensation's: it is ``DistributedOptimizer``'s
-    ``lr_scaling`` (:data:`hvd_dcasgd.algorithm.update.LR_SCALINGS`).
+    Arguments:
+        mode: a registered compensation (``none``, ``constant``, ``adaptive``,
+            ``staleness``, ``gap_aware``, ...); ``"sync"`` is the shorthand
+            for ``mode="none", schedule="sync"``.
+        lambda_0: DC-ASGD's lambda_0 (``constant`` 0.04, ``adaptive`` 2.0 by
+            default).
+        bound: DC-ASGD's bound on its correction, element by element, as a
+            multiple of the gradient's size (default 1.0: the correction is
+            never larger than the gradient, so it never reverses it);
+            ``math.inf`` is the paper's rule, unbounded.
+        mean_square_momentum, eps: DC-ASGD-a's MeanSquare momentum (0.95) and
+            epsilon (1e-7).
+        per_worker_mean_square: one MeanSquare per worker (the authors' code)
+            instead of the paper's global one (DC-ASGD-a).
+        gamma, gap_eps: Gap-Aware's momentum of its running average of g * g
+            (0.999) and the epsilon added to its square root (1e-8).
+        schedule: ``async`` or ``sync`` (see :data:`SCHEDULES`).
+
+    A constant left ``None`` takes the rule's default; a constant the rule
+    does not use is refused with a sentence naming those it uses.  What a
+    worker's learning rate means is not the compensation's: it is
+    ``DistributedOptimizer``'s ``lr_scaling``
+    (:data:`hvd_dcasgd.algorithm.update.LR_SCALINGS`).
     """
 
     mode: str = "adaptive"
     lambda_0: Optional[float] = None
-    mean_square_momentum: float = 0.95
-    eps: float = 1e-7
+    mean_square_momentum: Optional[float] = None
+    eps: Optional[float] = None
     per_worker_mean_square: bool = False
     schedule: str = "async"
+    bound: Optional[float] = None
+    gamma: Optional[float] = None
+    gap_eps: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.mode == "sync":
@@ -352,16 +424,32 @@ class Compensation:
                 f"hvd_dcasgd: unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}"
             )
         rule = compensation_rule(self.mode)
-        if self.lambda_0 is None:
-            object.__setattr__(self, "lambda_0", rule.default_lambda_0)
-        if not (self.lambda_0 >= 0.0 and math.isfinite(self.lambda_0)):
-            raise HvdDcasgdValueError(f"hvd_dcasgd: lambda_0 must be a finite number >= 0, got {self.lambda_0}")
-        if not 0.0 <= self.mean_square_momentum < 1.0:
-            raise HvdDcasgdValueError("hvd_dcasgd: mean_square_momentum must lie in [0, 1)")
+        used = rule.constants()
+        uses = f"it uses {', '.join(used)}" if used else "it uses no constant"
+        for name in CONSTANTS:
+            value = getattr(self, name)
+            if value is None:
+                if name in used:
+                    object.__setattr__(self, name, float(used[name]))
+                continue
+            if name not in used:
+                raise HvdDcasgdValueError(
+                    f"hvd_dcasgd: the {self.mode!r} compensation does not use {name} (set to {value!r}); {uses}. "
+                    f"Leave {name} unset, or choose a compensation that uses it.")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _valid(name, float(value)):
+                raise HvdDcasgdValueError(f"hvd_dcasgd: {name} must be {CONSTANTS[name]}, got {value!r}")
+            object.__setattr__(self, name, float(value))
+        if self.per_worker_mean_square and "mean_square_momentum" not in used:
+            raise HvdDcasgdValueError(f"hvd_dcasgd: the {self.mode!r} compensation keeps no MeanSquare, so "
+                                      f"per_worker_mean_square does not apply; {uses}.")
 
     @property
     def rule(self) -> CompensationRule:
         return COMPENSATIONS[self.mode]
+
+    def constants(self) -> Dict[str, float]:
+        """The constants the rule uses, by name, with their values."""
+        return {name: getattr(self, name) for name in self.rule.constants()}
 
 
 class CompensationState:
@@ -407,7 +495,7 @@ class CompensationState:
                 target.copy_(value)
 
 
-# --- the paper's formula ----------------------------------------------------
+# --- the formula -----------------------------------------------------------
 def dcasgd_(
     grads: Sequence[Tensor],
     weights: Sequence[Tensor],
@@ -415,22 +503,27 @@ def dcasgd_(
     mean_squares: Optional[Sequence[Tensor]],
     *,
     lambda_0: float,
-    mean_square_momentum: float = 0.95,
-    eps: float = 1e-7,
+    mean_square_momentum: float = _default("HVD_DCASGD_MEAN_SQUARE_MOMENTUM"),
+    eps: float = _default("HVD_DCASGD_EPS"),
+    bound: float = math.inf,
     foreach: Optional[bool] = None,
     fused: Optional[bool] = None,
 ) -> None:
     """Delay-compensate ``grads`` against ``weights - backups``, in place:
     each gradient is replaced by its compensated value, ready for any
     optimizer.  ``mean_squares`` (adaptive) are updated in place; pass
-    ``None`` for a constant lambda.  ``foreach``/``fused`` pick the
-    implementation; by default the fused one is used for contiguous CPU
-    tensors (one pass over memory), ``foreach`` elsewhere (a GPU).
+    ``None`` for a constant lambda.  ``bound`` limits the correction, element
+    by element, to ``bound * |g|`` (``math.inf``, the default here: the
+    paper's formula).  ``foreach``/``fused`` pick the implementation; by
+    default the fused one is used for contiguous CPU tensors (one pass over
+    memory), ``foreach`` elsewhere (a GPU).
     """
     if not (len(grads) == len(weights) == len(backups)):
         raise HvdDcasgdValueError("hvd_dcasgd: grads, weights and backups must have the same length")
     if mean_squares is not None and len(mean_squares) != len(grads):
         raise HvdDcasgdValueError("hvd_dcasgd: one mean_square tensor per gradient is needed")
+    if not (bound > 0):
+        raise HvdDcasgdValueError(f"hvd_dcasgd: bound must be a number > 0, or inf, got {bound!r}")
     if fused is None and foreach is None:
         fused = all(t.device.type == "cpu" and t.is_contiguous() for t in (*grads, *weights, *backups))
         foreach = not fused
@@ -448,7 +541,20 @@ def dcasgd_(
         lambda_0=lambda_0,
         mean_square_momentum=mean_square_momentum,
         eps=eps,
+        bound=bound,
     )
+
+
+def clamp_correction_(correction: Tensor, g: Tensor, bound: float) -> Tensor:
+    """``correction`` limited to ``[-bound * |g|, bound * |g|]``, in place;
+    nothing with ``bound`` infinite.  The C kernel's arithmetic, bit for bit:
+    ``lim = bound * |g|``, then ``c > lim ? lim : c < -lim ? -lim : c`` (NaN
+    stays NaN, a zero keeps its sign)."""
+    if math.isinf(bound):
+        return correction
+    lim = torch.abs(g).mul_(bound)
+    low = torch.neg(lim)
+    return correction.copy_(torch.where(correction > lim, lim, torch.where(correction < low, low, correction)))
 
 
 def _single_tensor_dcasgd(
@@ -460,8 +566,10 @@ def _single_tensor_dcasgd(
     lambda_0: float,
     mean_square_momentum: float,
     eps: float,
+    bound: float,
 ) -> None:
-    """Reference implementation: the paper's formulas, one tensor at a time."""
+    """Reference implementation: the paper's formulas, one tensor at a time,
+    the correction then bounded."""
     for i, (g, w, w_bak) in enumerate(zip(grads, weights, backups)):
         g = g.to(w.dtype)
         if mean_squares is None:
@@ -470,7 +578,8 @@ def _single_tensor_dcasgd(
             mean_square = mean_squares[i]
             mean_square.mul_(mean_square_momentum).add_((1 - mean_square_momentum) * g * g)
             lambda_t = lambda_0 / torch.sqrt(mean_square + eps)
-        grads[i].copy_(g + lambda_t * g * g * (w - w_bak))
+        correction = lambda_t * g * g * (w - w_bak)
+        grads[i].copy_(g + clamp_correction_(correction, g, bound))
 
 
 def _multi_tensor_dcasgd(
@@ -482,6 +591,7 @@ def _multi_tensor_dcasgd(
     lambda_0: float,
     mean_square_momentum: float,
     eps: float,
+    bound: float,
 ) -> None:
     """The same arithmetic with ``torch._foreach`` ops over the whole list."""
     if not grads:
@@ -499,6 +609,8 @@ def _multi_tensor_dcasgd(
         torch._foreach_sqrt_(denom)
         torch._foreach_div_(correction, denom)
         torch._foreach_mul_(correction, lambda_0)
+    for c, gradient in zip(correction, g):
+        clamp_correction_(c, gradient, bound)
     torch._foreach_add_(correction, g)
     for dst, src in zip(grads, correction):
         dst.copy_(src)
@@ -513,14 +625,17 @@ def _fused_dcasgd(
     lambda_0: float,
     mean_square_momentum: float,
     eps: float,
+    bound: float,
 ) -> None:
     """One pass over memory (read g, w, w_bak; write g): the C kernel of
-    :mod:`native` for float32, else torch ops on cache-sized chunks, so that
-    each chunk's temporaries never leave the cache."""
+    :mod:`hvd_dcasgd.common.native` for float32, else torch ops on
+    cache-sized chunks, so that each chunk's temporaries never leave the
+    cache."""
     for i, (grad, weight, backup) in enumerate(zip(grads, weights, backups)):
         g_all, w_all, b_all = grad.view(-1), weight.view(-1), backup.view(-1)
         ms_all = None if mean_squares is None else mean_squares[i].view(-1)
-        if native.dcasgd_f32(g_all, w_all, b_all, ms_all, lambda_0, mean_square_momentum, eps, lr=None):
+        if native.dcasgd_f32(g_all, w_all, b_all, ms_all, lambda_0, mean_square_momentum, eps, lr=None,
+                             bound=bound):
             continue
         numel = w_all.numel()
         if numel == 0:
@@ -535,12 +650,14 @@ def _fused_dcasgd(
             cast = g.dtype != w.dtype
             if cast:
                 g = scratch[2 * chunk : 2 * chunk + n].copy_(g)
-            correction = torch.sub(w, w_bak, out=scratch[:n]).mul_(g).mul_(g)  # g * g * (w - w_bak)
             if ms_all is None:
-                g.add_(correction, alpha=lambda_0)
-            else:  # lambda_t = lambda_0 / sqrt(MeanSquare + eps)
+                lambda_t = lambda_0
+            else:  # lambda_t = lambda_0 / sqrt(MeanSquare + eps), the reference's rounding
                 ms = ms_all[start:end]
-                ms.mul_(mean_square_momentum).addcmul_(g, g, value=1 - mean_square_momentum)
-                g.addcdiv_(correction, torch.add(ms, eps, out=scratch[chunk : chunk + n]).sqrt_(), value=lambda_0)
+                ms.mul_(mean_square_momentum).add_(torch.mul(g, 1 - mean_square_momentum, out=scratch[:n]).mul_(g))
+                lambda_t = torch.add(ms, eps, out=scratch[chunk : chunk + n]).sqrt_().reciprocal_().mul_(lambda_0)
+            correction = torch.mul(g, lambda_t, out=scratch[:n]).mul_(g)  # lambda_t * g * g * (w - w_bak)
+            correction.mul_(torch.sub(w, w_bak, out=scratch[chunk : chunk + n]))
+            g.add_(clamp_correction_(correction, g, bound))
             if cast:
                 g_all[start:end].copy_(g)

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..protocol.layout import trained_parameters
 from ..protocol.staging import Staging
+from .compensation import clamp_correction_
 from .update import FlatMomentum, ServerUpdate, is_sgd
 
 
@@ -42,19 +43,20 @@ def pipelined(update: ServerUpdate, staging: Optional[Staging]) -> Tuple[bool, s
 
 
 def sgd_slice_(grad: Tensor, w: Tensor, w_bak: Tensor, mean_square: Optional[Tensor], buffer: Optional[Tensor], *,
-               lambda_0: float, keep: float, blend: float, eps: float, lr: float, weight_decay: float,
-               momentum: float, carry: float, undamped: float, nesterov: bool) -> None:
+               lambda_0: float, keep: float, blend: float, eps: float, bound: float, lr: float,
+               weight_decay: float, momentum: float, carry: float, undamped: float, nesterov: bool) -> None:
     """The C kernel's step on one slice, in torch operations in its order:
-    compensate ``grad`` against ``w - w_bak`` (MeanSquare when given), SGD's
-    step (weight decay, momentum ``buffer = carry * buffer + undamped * d``,
-    Nesterov), then ``w_bak = w``; ``grad`` is left as it is."""
+    compensate ``grad`` against ``w - w_bak`` (MeanSquare when given; the
+    correction bounded by ``bound * |g|``), SGD's step (weight decay, momentum
+    ``buffer = carry * buffer + undamped * d``, Nesterov), then ``w_bak = w``;
+    ``grad`` is left as it is."""
     g = grad
     if mean_square is not None:
         mean_square.mul_(keep).add_((blend * g) * g)
         lambda_t = torch.sqrt(mean_square + eps).reciprocal_().mul_(lambda_0)
-        d = g + lambda_t * g * g * (w - w_bak)
+        d = g + clamp_correction_(lambda_t * g * g * (w - w_bak), g, bound)
     elif lambda_0 != 0.0:
-        d = g + lambda_0 * g * g * (w - w_bak)
+        d = g + clamp_correction_(lambda_0 * g * g * (w - w_bak), g, bound)
     else:
         d = g
     if weight_decay != 0.0:
@@ -114,8 +116,8 @@ class PipelinedUpdate:
             buffer = momentum.buffer if momentum is not None and group["momentum"] != 0 else None
             first = buffer is not None and not momentum.started[g]
             groups.append((start, end, buffer, first, dict(
-                lambda_0=call.lambda_0, keep=settings.mean_square_momentum, blend=1 - settings.mean_square_momentum,
-                eps=settings.eps, lr=lr * update.lr_factor, weight_decay=group["weight_decay"],
+                lambda_0=call.lambda_0, keep=call.mean_square_momentum, blend=1 - call.mean_square_momentum,
+                eps=call.eps, bound=call.bound, lr=lr * update.lr_factor, weight_decay=group["weight_decay"],
                 momentum=group["momentum"], carry=0.0 if first else group["momentum"],
                 undamped=1.0 if first else 1 - group["dampening"], nesterov=group["nesterov"])))
         parts = self.staging.parts

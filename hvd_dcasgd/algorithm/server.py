@@ -34,7 +34,7 @@ from ..observability.telemetry import Telemetry
 from ..protocol.channel import ServerChannel
 from ..protocol.layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from ..protocol.staging import Staging, choose_staging
-from .compensation import PER_GROUP, Compensation, Push
+from .compensation import COMPENSATIONS, CONSTANTS, PER_GROUP, Compensation, Push
 from .pipelined import PipelinedUpdate, pipelined
 from .update import ServerUpdate, lr_factor
 
@@ -404,5 +404,26 @@ def _state_read(state: Any) -> Any:
         settings["compensation"] = compensation
         settings["lr_factor"] = lr_factor(scaling, compensation.get("schedule", "async"),
                                           int(settings.get("num_workers") or 1))
+    if isinstance(settings.get("compensation"), dict) and "bound" not in settings["compensation"]:
+        settings["compensation"] = _constants_read(settings["compensation"])
     state["settings"] = settings
     return state
+
+
+#: What a compensation used before its constants were settings of its own: DC-ASGD unbounded, Gap-Aware's
+#: class constants, and lambda_0, MeanSquare's momentum and eps kept whatever the rule.
+_BEFORE_SETTINGS = {"bound": math.inf, "gamma": 0.999, "gap_eps": 1e-8}
+
+
+def _constants_read(compensation: Dict[str, Any]) -> Dict[str, Any]:
+    """A compensation's settings saved before ``bound``, ``gamma`` and ``gap_eps`` were settings: the constants
+    its rule used then, the others ``None``, as :class:`Compensation` now writes them."""
+    compensation = {**compensation, "bound": None, "gamma": None, "gap_eps": None}
+    rule = COMPENSATIONS.get(compensation.get("mode"))
+    used = rule.constants() if rule is not None else {}
+    for name in CONSTANTS:
+        if name not in used:
+            compensation[name] = None
+        elif compensation.get(name) is None:
+            compensation[name] = _BEFORE_SETTINGS.get(name, used[name])
+    return compensation

@@ -221,9 +221,9 @@ def _fused_sgd_update(weights: Tensor, grad: Tensor, backup: Tensor, state: Mapp
         ran = native.dcasgd_f32(
             grad[start:end], weights[start:end], backup[start:end],
             None if mean_square is None else mean_square[start:end],
-            call.lambda_0, compensation.mean_square_momentum, compensation.eps, group["lr"],
+            call.lambda_0, call.mean_square_momentum, call.eps, group["lr"],
             weight_decay=group["weight_decay"], momentum=group["momentum"], dampening=group["dampening"],
-            nesterov=group["nesterov"], momentum_buffer=buffer, first_step=first_step,
+            nesterov=group["nesterov"], momentum_buffer=buffer, first_step=first_step, bound=call.bound,
         )
         if not ran:  # checked before the first push (check_update_path); said, never skipped
             raise HvdDcasgdError(f"hvd_dcasgd: the {FUSED_SGD!r} update did not run on param group {g}: the C "

@@ -14,14 +14,14 @@ workers, the server rank idle.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterable, Iterator, Optional, Tuple, Type
+from typing import Dict, Iterable, Iterator, Optional, Tuple, Type
 
 import torch
 
 from ..algorithm.compensation import COMPENSATIONS, MODES, SCHEDULES, Compensation
 from ..algorithm.shards import check_shardable, is_elementwise, partition
 from ..algorithm.update import lr_factor
-from ..common.config import resolve
+from ..common.config import resolve, setting
 from ..common.errors import HvdDcasgdError, HvdDcasgdValueError
 from ..protocol.layout import ModelLayout
 from ..runtime.exits import rendezvous
@@ -154,6 +154,23 @@ def _server_device(rt: Runtime, requested: Optional[str]) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+#: Each compensation constant's variable.
+CONSTANT_VARIABLES = {"lambda_0": "HVD_DCASGD_LAMBDA", "bound": "HVD_DCASGD_BOUND",
+                      "mean_square_momentum": "HVD_DCASGD_MEAN_SQUARE_MOMENTUM", "eps": "HVD_DCASGD_EPS",
+                      "gamma": "HVD_DCASGD_GAMMA", "gap_eps": "HVD_DCASGD_GAP_EPS"}
+
+
+def constants(**arguments: Optional[float]) -> Dict[str, Optional[float]]:
+    """The compensation's constants: each variable when set, else the script's argument, else ``None`` (the
+    compensation's own default; the table's default for a constant the compensation does not use would be an
+    error)."""
+    found = {}
+    for name, value in arguments.items():
+        env = setting(CONSTANT_VARIABLES[name])
+        found[name] = value if env is None else env
+    return found
+
+
 def resolve_method(compensation: Optional[str], schedule: Optional[str], backend: Optional[str]) -> Tuple[str, str, str]:
     """(compensation, schedule, backend) from the three settings, each
     overridden by its environment variable; ``compensation="sync"`` and
@@ -201,9 +218,12 @@ def DistributedOptimizer(
     *,
     compensation: Optional[str] = None,
     lambda_0: Optional[float] = None,
-    mean_square_momentum: float = 0.95,
-    eps: float = 1e-7,
+    mean_square_momentum: Optional[float] = None,
+    eps: Optional[float] = None,
     per_worker_mean_square: bool = False,
+    bound: Optional[float] = None,
+    gamma: Optional[float] = None,
+    gap_eps: Optional[float] = None,
     model: Optional[torch.nn.Module] = None,
     trace: Optional[str] = None,
     server_device: Optional[str] = None,
@@ -239,11 +259,24 @@ def DistributedOptimizer(
             shorthands ``"sync"`` (``none`` on the ``sync`` schedule: SSGD on
             the server) and ``"horovod"`` (the ``horovod`` backend).
             ``HVD_DCASGD_COMPENSATION`` overrides it.
-        lambda_0: the compensation's lambda_0 (default: the rule's, the
-            paper's values).  ``HVD_DCASGD_LAMBDA`` overrides it.
-        mean_square_momentum, eps: DC-ASGD-a's MeanSquare momentum and epsilon.
+        lambda_0: DC-ASGD's lambda_0 (``constant``: 0.04, ``adaptive``:
+            2.0 by default).  ``HVD_DCASGD_LAMBDA`` overrides it.
+        bound: DC-ASGD's bound on its correction, element by element, as a
+            multiple of the gradient (default 1.0: never larger than the
+            gradient, so it never reverses it); ``math.inf`` is the paper's
+            unbounded rule.  ``HVD_DCASGD_BOUND`` overrides it.
+        mean_square_momentum, eps: DC-ASGD-a's MeanSquare momentum (0.95)
+            and epsilon (1e-7).  ``HVD_DCASGD_MEAN_SQUARE_MOMENTUM`` and
+            ``HVD_DCASGD_EPS`` override them.
         per_worker_mean_square: one MeanSquare per worker (the authors' code)
             instead of the paper's global one.
+        gamma, gap_eps: Gap-Aware's momentum of its running average of g * g
+            (0.999) and its epsilon (1e-8).  ``HVD_DCASGD_GAMMA`` and
+            ``HVD_DCASGD_GAP_EPS`` override them.
+
+        Each constant left unset takes its compensation's default; one the
+        chosen compensation does not use (``gamma`` with ``adaptive``, say)
+        is an error naming those it uses.
         model: lets the server manage the rest of the model's state (buffers
             such as BatchNorm statistics, frozen parameters).
         trace: a path for the server's JSON-lines trace (``HVD_DCASGD_TRACE``).
@@ -312,10 +345,9 @@ def DistributedOptimizer(
     settings = Compensation(
         mode=compensation,
         schedule=schedule,
-        lambda_0=resolve("HVD_DCASGD_LAMBDA", lambda_0),
-        mean_square_momentum=mean_square_momentum,
-        eps=eps,
         per_worker_mean_square=per_worker_mean_square,
+        **constants(lambda_0=lambda_0, bound=bound, mean_square_momentum=mean_square_momentum, eps=eps, gamma=gamma,
+                    gap_eps=gap_eps),
     )
     layout = ModelLayout.of(optimizer, named_parameters, model)
     wire_dtype = compression.wire(layout.dtype)

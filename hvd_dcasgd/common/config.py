@@ -60,6 +60,20 @@ def _positive_integer(raw: str) -> int:
     return int(raw)
 
 
+def _bound(raw: str) -> float:
+    if raw.strip().lower() in ("inf", "infinity", "none"):
+        return math.inf
+    value = _positive_number(raw)
+    return value
+
+
+def _fraction(raw: str) -> float:
+    value = _non_negative_number(raw)
+    if value >= 1:
+        raise ValueError("use a number in [0, 1)")
+    return value
+
+
 def _non_negative_integer(raw: str) -> int:
     if not raw.strip().isdigit():
         raise ValueError("use a whole number >= 0")
@@ -88,7 +102,20 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_LR_SCALING", "horovod (a worker's rate is for the average of size() gradients: applied "
              "at lr / size() per asynchronous gradient) or none (as given); overrides "
              "DistributedOptimizer(lr_scaling=...)", _choice("horovod", "none"), default='horovod'),
-    Variable("HVD_DCASGD_LAMBDA", "lambda_0; overrides DistributedOptimizer(lambda_0=...)", _non_negative_number),
+    Variable("HVD_DCASGD_LAMBDA", "DC-ASGD's lambda_0 (constant and adaptive; by default 0.04 for constant, 2 for "
+             "adaptive); overrides DistributedOptimizer(lambda_0=...)", _non_negative_number),
+    Variable("HVD_DCASGD_BOUND", "DC-ASGD's bound on its correction, element by element, as a multiple of the "
+             "gradient (constant and adaptive): 1 keeps the correction no larger than the gradient, so it never "
+             "reverses it; inf is the paper's unbounded rule; overrides DistributedOptimizer(bound=...)",
+             _bound, default=1.0),
+    Variable("HVD_DCASGD_MEAN_SQUARE_MOMENTUM", "DC-ASGD-a's MeanSquare momentum (adaptive); overrides "
+             "DistributedOptimizer(mean_square_momentum=...)", _fraction, default=0.95),
+    Variable("HVD_DCASGD_EPS", "DC-ASGD-a's epsilon inside the square root of MeanSquare (adaptive); overrides "
+             "DistributedOptimizer(eps=...)", _positive_number, default=1e-7),
+    Variable("HVD_DCASGD_GAMMA", "Gap-Aware's momentum of its running average of g * g (gap_aware); overrides "
+             "DistributedOptimizer(gamma=...)", _fraction, default=0.999),
+    Variable("HVD_DCASGD_GAP_EPS", "Gap-Aware's epsilon added to the square root of that average (gap_aware); "
+             "overrides DistributedOptimizer(gap_eps=...)", _positive_number, default=1e-8),
     Variable("HVD_DCASGD_SKIP_BAD_PUSHES", "1: the server skips (and counts) a push whose learning rate is not a "
              "finite number >= 0 or whose gradient is not finite; 0: it ends the job naming the worker",
              _choice("0", "1"), default='0'),

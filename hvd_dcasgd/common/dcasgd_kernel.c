@@ -1,14 +1,17 @@
 /* The project's C kernels, each one pass over float32 arrays: the server's
  * DC-ASGD update (hvd_dcasgd_f32) and the worker's pack (hvd_pack_f32).
  *
- * The DC-ASGD update (see compensation.py):
+ * The DC-ASGD update (see hvd_dcasgd/algorithm/compensation.py):
  *
  * For each element, with lambda_t = lambda_0, or, when mean_square is given,
  * MeanSquare = m * MeanSquare + (1 - m) * g * g and
  * lambda_t = lambda_0 / sqrt(MeanSquare + eps):
  *
- *     g_c = g + lambda_t * g * g * (w - w_bak)
+ *     c   = lambda_t * g * g * (w - w_bak)
+ *     g_c = g + clamp(c, -bound * |g|, bound * |g|)
  *
+ * bound = +inf leaves c as it is (the paper's formula): bound * |g| is then
+ * +inf, or NaN where g is 0, and neither comparison below holds.
  * With sgd_step set, torch.optim.SGD's step with g_c follows -- weight decay,
  * then momentum when momentum_buffer is given (buf = carry * buf + undamped * d:
  * the caller passes carry = 0 and undamped = 1 on the first step, which starts
@@ -25,8 +28,8 @@
 #define PARAMETERS                                                                                    \
     float *restrict grad, float *restrict w, float *restrict w_bak, float *restrict mean_square,         \
     float *restrict momentum_buffer, int64_t n,                                                         \
-    float lambda_0, float keep, float blend, float eps, float lr, float weight_decay, float momentum,   \
-    float carry, float undamped, int threads
+    float lambda_0, float keep, float blend, float eps, float bound, float lr, float weight_decay,      \
+    float momentum, float carry, float undamped, int threads
 
 /* Blocks of BLOCK elements.  At the start of each, the next block's lines of
  * w_bak are asked for: with the intent to write them (PREFETCHW where the CPU
@@ -64,7 +67,12 @@
                 mean_square[i] = v;                                                                  \
                 lambda_t = (1.0f / sqrtf(v + eps)) * lambda_0;                                       \
             }                                                                                        \
-            const float compensated = (PLAIN) ? g : g + lambda_t * g * g * (w[i] - w_bak[i]);         \
+            float compensated = g;                                                                   \
+            if (!(PLAIN)) {                                                                          \
+                const float c = lambda_t * g * g * (w[i] - w_bak[i]);                                \
+                const float lim = bound * fabsf(g);                                                  \
+                compensated = g + (c > lim ? lim : c < -lim ? -lim : c);                             \
+            }                                                                                        \
             if (!(SGD_STEP)) {                                                                       \
                 grad[i] = compensated;                                                               \
             } else {                                                                                 \
@@ -108,8 +116,8 @@ void hvd_dcasgd_f32(PARAMETERS, int nesterov, int sgd_step)
         variant = adaptive ? momentum_step_adaptive : plain ? momentum_step_plain : momentum_step_constant;
     else
         variant = adaptive ? nesterov_step_adaptive : plain ? nesterov_step_plain : nesterov_step_constant;
-    variant(grad, w, w_bak, mean_square, momentum_buffer, n, lambda_0, keep, blend, eps, lr, weight_decay, momentum,
-            carry, undamped, threads);
+    variant(grad, w, w_bak, mean_square, momentum_buffer, n, lambda_0, keep, blend, eps, bound, lr, weight_decay,
+            momentum, carry, undamped, threads);
 }
 
 /* The worker's pack: copy a float32 gradient into the push message and, with

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -85,7 +86,7 @@ def _build() -> Optional[ctypes.CDLL]:
     library = ctypes.CDLL(str(target))
     library.hvd_dcasgd_f32.restype = None
     library.hvd_dcasgd_f32.argtypes = (
-        [ctypes.c_void_p] * 5 + [ctypes.c_int64] + [ctypes.c_float] * 9 + [ctypes.c_int] * 3
+        [ctypes.c_void_p] * 5 + [ctypes.c_int64] + [ctypes.c_float] * 10 + [ctypes.c_int] * 3
     )
     library.hvd_pack_f32.restype = ctypes.c_int
     library.hvd_pack_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int]
@@ -113,11 +114,14 @@ def _suitable(t: Optional[torch.Tensor]) -> bool:
 def dcasgd_f32(grad: torch.Tensor, weight: torch.Tensor, backup: torch.Tensor, mean_square: Optional[torch.Tensor],
                lambda_0: float, mean_square_momentum: float, eps: float, lr: Optional[float],
                weight_decay: float = 0.0, momentum: float = 0.0, dampening: float = 0.0, nesterov: bool = False,
-               momentum_buffer: Optional[torch.Tensor] = None, first_step: bool = False) -> bool:
+               momentum_buffer: Optional[torch.Tensor] = None, first_step: bool = False,
+               bound: float = math.inf) -> bool:
     """Run the kernel in place if it is available and the tensors are
-    contiguous float32 on the CPU; return whether it ran.  With ``lr``, the
-    step is torch.optim.SGD's with these hyperparameters (``momentum_buffer``
-    when momentum is on; ``first_step`` starts it from the gradient)."""
+    contiguous float32 on the CPU; return whether it ran.  ``bound`` limits
+    the correction to ``bound * |g|`` (infinite: the paper's formula).  With
+    ``lr``, the step is torch.optim.SGD's with these hyperparameters
+    (``momentum_buffer`` when momentum is on; ``first_step`` starts it from
+    the gradient)."""
     tensors = (grad, weight, backup, mean_square, momentum_buffer)
     lib = library()
     if lib is None or not all(_suitable(t) for t in tensors):
@@ -125,7 +129,7 @@ def dcasgd_f32(grad: torch.Tensor, weight: torch.Tensor, backup: torch.Tensor, m
     pointer = lambda t: None if t is None else t.data_ptr()  # noqa: E731
     lib.hvd_dcasgd_f32(
         *map(pointer, tensors), weight.numel(),
-        lambda_0, mean_square_momentum, 1 - mean_square_momentum, eps,
+        lambda_0, mean_square_momentum, 1 - mean_square_momentum, eps, bound,
         0.0 if lr is None else lr, weight_decay, momentum,
         0.0 if first_step else momentum, 1.0 if first_step else 1 - dampening,  # carry, undamped
         torch.get_num_threads(), int(nesterov), int(lr is not None),
@@ -137,8 +141,8 @@ def dcasgd_f32_streams(grad: torch.Tensor, weight: torch.Tensor, backup: torch.T
                        mean_square: Optional[torch.Tensor], lambda_0: float, mean_square_momentum: float, eps: float,
                        lr: Optional[float], weight_decay: float = 0.0, momentum: float = 0.0,
                        dampening: float = 0.0, nesterov: bool = False,
-                       momentum_buffer: Optional[torch.Tensor] = None,
-                       first_step: bool = False) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
+                       momentum_buffer: Optional[torch.Tensor] = None, first_step: bool = False,
+                       bound: float = math.inf) -> Tuple[List[torch.Tensor], List[torch.Tensor]]:
     """The arrays one pass of :func:`dcasgd_f32` with these arguments reads
     and writes, as the kernel's variant (chosen as ``hvd_dcasgd_f32`` does)
     touches them: the gradient and the weights are read; the backup is read

@@ -251,7 +251,10 @@ class Worker:
             flatten_into(self.message.gradient, self.gradient_views, [p.grad for p in self.params])
             raise HvdDcasgdError(f"hvd_dcasgd: worker {self.index}: {self._what_is_not_finite()} at push "
                                  f"{self.pushes}; nothing was pushed and the server's weights are unchanged "
-                                 "(lower the learning rate, clip gradients, or catch this error to skip the batch).")
+                                 "(the weights likely diverged: lower the learning rate; with DC-ASGD, lower lambda_0 "
+                                 "(HVD_DCASGD_LAMBDA) or keep its correction bounded (HVD_DCASGD_BOUND, 1 by default, "
+                                 "inf is the paper's unbounded rule); clip gradients; or catch this error to skip the "
+                                 "batch).")
         return pieces
 
     def _pack_params(self, first: int, last: int, run: int) -> Tuple[List[Tuple[int, np.ndarray]], bool]:

@@ -70,7 +70,8 @@ def _disagreements(server: Description, workers: List[Description]) -> List[str]
         elif theirs != mine:
             problems.append(
                 f"hvd_dcasgd: worker {m}'s compensation settings {theirs} differ from the server's {mine}; "
-                f"every rank must use the same (check HVD_DCASGD_LAMBDA)."
+                f"every rank must use the same (check HVD_DCASGD_LAMBDA, HVD_DCASGD_BOUND and the other constants' "
+                f"variables)."
             )
         elif worker.lr_scaling != server.lr_scaling:
             problems.append(

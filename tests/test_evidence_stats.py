@@ -16,7 +16,9 @@ import evidence_stats_oracle as oracle
 from helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks" / "evidence"))
-from stats import divergence_test, holm, mean_interval, paired_difference, sign_test, verdict, wilcoxon  # noqa: E402
+from stats import (  # noqa: E402
+    divergence_test, holm, holm_levels, mean_interval, paired_difference, sign_test, verdict, wilcoxon,
+)
 
 
 def paired_sample(n, shift, seed):
@@ -136,6 +138,33 @@ def test_holm_hand_case_and_refusal():
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     with pytest.raises(ValueError, match="between 0 and 1"):
         holm([0.1, 1.5])
+
+
+def test_holm_levels_hand_case():
+    # sorted: 0.005 (1 - 0.05/4), 0.01 (1 - 0.05/3), 0.03 >= 0.05/2 stops Holm: it and 0.04 keep 1 - 0.05/2
+    assert holm_levels([0.01, 0.04, 0.03, 0.005]) == pytest.approx([1 - 0.05 / 3, 1 - 0.05 / 2, 1 - 0.05 / 2,
+                                                                     1 - 0.05 / 4])
+    assert holm_levels([]) == [] and holm_levels([0.2]) == [0.95]
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        holm_levels([0.1, -0.1])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_t_interval_at_its_holm_level_excludes_zero_exactly_where_the_oracles_holm_rejects(seed):
+    """Families of paired comparisons with effects from none to large: the
+    interval at the level ``holm_levels`` gives lies off 0 exactly where the
+    hand-written Holm adjustment is below 0.05."""
+    rng = np.random.default_rng(seed)
+    pairs = [paired_sample(10, shift, seed * 100 + i) for i, shift in enumerate(rng.uniform(-0.8, 0.8, 12))]
+    p = [paired_difference(a, b, resamples=100).p for a, b in pairs]
+    adjusted = oracle.holm(p)
+    levels = holm_levels(p)
+    rejected = 0
+    for (a, b), level, q in zip(pairs, levels, adjusted):
+        low, high = paired_difference(a, b, confidence=level, resamples=100).t_interval
+        assert (low > 0 or high < 0) == (q < 0.05), (low, high, q)
+        rejected += q < 0.05
+    assert 0 < rejected < len(p) or seed > 2, "the families mix rejected and kept comparisons"
 
 
 def test_divergence_test_is_the_exact_mcnemar_on_discordant_seeds():

@@ -1,7 +1,7 @@
 """``evidence.json``: reading and writing it.
 
 The file holds the scale's name, one entry per ``run.py`` session that ran
-something (start time, commit, clean tree, study, command, machine, load,
+something (start time, commit, clean tree, command, machine, load,
 seconds: what only a live run knows) and
 one record per finished run: the fields of its plan entry, ``key``, and its
 results, or ``failed`` with the last lines it printed.

@@ -1,8 +1,7 @@
 """Run the evidence of ``docs/results/PLAN.md``: every planned run not yet
-recorded, then the page.
+recorded, wave after wave, then the page.
 
-    python benchmarks/evidence/run.py                    # the accuracy study, standard scale (about 80 min on 2 cores)
-    python benchmarks/evidence/run.py --study time       # then the time-to-accuracy study (real jobs, about 2 h)
+    python benchmarks/evidence/run.py --jobs 2           # the accuracy study, standard scale (about 85 min on 2 cores)
     python benchmarks/evidence/run.py --scale quick --out build/quick   # for trying things: never results
 
 Resumable: the records are kept in ``OUT/results/evidence.json``, rewritten
@@ -10,18 +9,16 @@ after every finished run, and a run already recorded is not run again.  Every
 session records its start time (UTC), the commit and whether the tree was
 clean; a session on another commit than the records' is refused unless
 ``--allow-mixed-commits`` is given (the page then says so).  Simulator runs go
-on ``--jobs`` processes; the real jobs of the time study one at a time.
+on ``--jobs`` processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -34,42 +31,36 @@ from typing import Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-sys.path[:0] = [str(HERE), str(HERE.parent), str(ROOT)]  # tasks, benchmarks' helpers, package: here and in the simulator
+sys.path[:0] = [str(HERE), str(ROOT)]  # tasks and plan, and this tree's package: here and in the simulator
 
 from tqdm import tqdm  # noqa: E402
 
 from hvd_dcasgd.common.errors import HvdDcasgdError  # noqa: E402
-from hvd_dcasgd.common.process import run_command  # noqa: E402
-from jobs import child_env, mpirun  # noqa: E402
-from plan import JITTER, METHODS, MOMENTUM, SCALES, Scale, key_of, plan  # noqa: E402
+from plan import CHANCE_ERROR, JITTER, METHODS, OUT_OF_THE_BOX, SCALES, Scale, key_of, plan, settings_of  # noqa: E402
 from records import empty, load, save, succeeded  # noqa: E402
 from tasks import TASKS, rate_at  # noqa: E402
 
-MPI_TIMEOUT = 300  # seconds: a hang ends as a failed run
 DIVERGED = "holds NaN or Inf"  # what the server's refusal of a non-finite gradient says
-CHANCE_ERROR = 0.9
 
 
-# --- the kinds of run ---------------------------------------------------------
+# --- a run --------------------------------------------------------------------
 def execute(spec: Dict, work: Path) -> Dict:
-    """Run what ``spec`` describes (any kind); its record: ``key``, ``spec``'s
-    fields and the results, or ``failed`` with the last lines of the error."""
-    kinds = {"simulator": simulate_run, "mpi": real_run, "horovodrun": real_run}
+    """Run what ``spec`` describes; its record: ``key``, ``spec``'s fields and
+    the results, or ``failed`` with the last lines of the error."""
     try:
-        record = kinds[spec["source"]](spec, work)
+        record = simulate_run(spec, work)
     except Exception:
         record = {**spec, "failed": traceback.format_exc().strip().splitlines()[-12:]}
     return {"key": key_of(spec), **record}
 
 
 def compensation_of(spec: Dict):
-    """The server's ``Compensation`` for ``spec``'s method and constant."""
+    """The server's ``Compensation`` for ``spec``'s method: its mode, and only
+    the settings that mode uses (the tuned ones from the record, the fixed
+    ones from the method: the paper's DC-ASGD-a is bound = inf)."""
     from hvd_dcasgd.algorithm.compensation import Compensation
 
-    method = METHODS[spec["method"]]
-    if method.constant is None:
-        return Compensation(method.mode)
-    return Compensation(method.mode, **{method.constant: spec["constant"]})
+    return Compensation(METHODS[spec["method"]].mode, **settings_of(spec))
 
 
 def rate(spec: Dict):
@@ -83,20 +74,16 @@ def simulate_run(spec: Dict, work: Path) -> Dict:
     """One simulator run, in this process (a simulator pool's worker)."""
     import torch
 
-    from hvd_dcasgd.algorithm.simulator import EventDriven, RoundRobin, simulate
+    from hvd_dcasgd.algorithm.simulator import EventDriven, simulate
 
     torch.set_num_threads(1)
     task = TASKS[spec["task"]]
     train, validation, test = task.data(work / "data")
-    delay = RoundRobin() if spec["delay"] == "round-robin" else EventDriven.homogeneous(spec["workers"], JITTER)
-    optimizer = None
-    if spec["optimizer"] == "momentum":
-        optimizer = lambda params: torch.optim.SGD(params, lr=rate(spec)(0.0), momentum=MOMENTUM)  # noqa: E731
     try:
         result = simulate(task.model, train, validation if spec["split"] == "validation" else test,
                           compensation=compensation_of(spec), workers=spec["workers"], epochs=spec["epochs"],
-                          batch_size=task.batch_size, lr=rate(spec), delay=delay, seed=spec["seed"],
-                          optimizer=optimizer)
+                          batch_size=task.batch_size, lr=rate(spec), seed=spec["seed"],
+                          delay=EventDriven.homogeneous(spec["workers"], JITTER))
     except HvdDcasgdError as error:
         if DIVERGED not in str(error):
             raise
@@ -111,38 +98,19 @@ def diverged(spec: Dict, sentence: str) -> Dict:
     return {**spec, "diverged": sentence.strip().splitlines()[-1], "final_error": CHANCE_ERROR, "test_errors": []}
 
 
-def real_command(spec: Dict, out: Path, work: Path) -> List[str]:
-    """The real job's command line: horovodrun (plain Horovod) or mpirun (this project, M+1 ranks)."""
-    options = ["--task", spec["task"], "--epochs", spec["epochs"], "--lr", spec["lr"], "--scale", spec["scale"],
-               "--seed", spec["seed"], "--step-time", spec["step_time"], "--seconds", spec["seconds"],
-               "--straggler", spec["straggler"], "--evaluate-every", spec["evaluate_every"],
-               "--cache", work / "data", "--out", out]
-    options += ["--warmup", spec["warmup"]] if spec["warmup"] else []
-    if spec["source"] == "horovodrun":
-        binary = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-        if binary is None:
-            raise RuntimeError("horovodrun is not installed next to this Python (Horovod: .ci/setup.sh)")
-        return [binary, "-np", str(spec["workers"]), "-H", f"localhost:{spec['workers']}", sys.executable,
-                str(HERE / "train_mpi.py"), "--plain-horovod", *map(str, options)]
-    options += ["--compensation", METHODS[spec["method"]].mode]
-    options += ["--constant", spec["constant"]] if spec["constant"] is not None else []
-    return mpirun(spec["workers"] + 1, HERE / "train_mpi.py", *options)
+def package_defaults() -> List[str]:
+    """Where the package's defaults differ from the out-of-the-box values the
+    plan fixed (``plan.OUT_OF_THE_BOX``): one sentence each."""
+    from hvd_dcasgd.algorithm.compensation import Compensation
 
-
-def real_run(spec: Dict, work: Path) -> Dict:
-    """One timed real job; its curve of test error against seconds."""
-    out = work / (key_of(spec).replace("/", "-") + ".json")
-    out.unlink(missing_ok=True)  # left by an earlier, killed attempt
-    cmd = real_command(spec, out, work)
-    started = time.perf_counter()
-    result = run_command(cmd, timeout=MPI_TIMEOUT, env=child_env())
-    record = {**spec, "command": shlex.join(map(str, cmd)), "launch_seconds": time.perf_counter() - started}
-    if result.returncode != 0 and DIVERGED in result.stdout:
-        return diverged(record, next(line for line in result.stdout.splitlines() if DIVERGED in line))
-    if result.returncode != 0 or not out.exists():
-        tail = result.stdout.strip().splitlines()[-12:]
-        return {**record, "failed": tail + ([f"(killed after {MPI_TIMEOUT} s)"] if result.timed_out else [])}
-    return {**record, **json.loads(out.read_text())}
+    found = []
+    for method, settings in OUT_OF_THE_BOX.items():
+        defaults = Compensation(METHODS[method].mode)
+        for name, value in settings:
+            if getattr(defaults, name, None) != value:
+                found.append(f"{METHODS[method].mode}'s default {name} is {getattr(defaults, name, None)}, "
+                             f"the plan's out-of-the-box value {value}")
+    return found
 
 
 # --- provenance ---------------------------------------------------------------
@@ -173,12 +141,12 @@ class Recorder:
     entry (start time, commit, clean tree, command, machine, load, time so
     far), so that a killed command loses only the runs it was in the middle of."""
 
-    def __init__(self, path: Path, evidence: Dict, command: str, study: str, provenance: Dict):
+    def __init__(self, path: Path, evidence: Dict, command: str, provenance: Dict):
         self.path, self.evidence, self.started = path, evidence, time.time()
         self.lock = threading.Lock()
         self.progress: Optional[tqdm] = None
         start = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        self.session = {"started": start, **provenance, "study": study, "command": command, "machine": machine(),
+        self.session = {"started": start, **provenance, "command": command, "machine": machine(),
                         "cores": os.cpu_count(), "load_before": list(os.getloadavg()), "load_after": None,
                         "seconds": 0.0, "runs": 0}
 
@@ -200,34 +168,29 @@ class Recorder:
                 print(line, flush=True)
 
 
-def todo(scale: Scale, evidence: Dict, study: str, attempted=frozenset()) -> List:
+def todo(scale: Scale, evidence: Dict, attempted=frozenset()) -> List:
     done = succeeded(evidence)
-    return [run for run in plan(scale, evidence["records"], study) if run.key not in done and run.key not in attempted]
+    return [run for run in plan(scale, evidence["records"]) if run.key not in done and run.key not in attempted]
 
 
-def run_all(scale: Scale, recorder: Recorder, work: Path, jobs: int, study: str) -> None:
+def run_all(scale: Scale, recorder: Recorder, work: Path, jobs: int) -> None:
     """Wave after wave, until a plan made from the records so far has nothing
-    left to run: simulator runs on ``jobs`` processes (each a fresh MPI
-    singleton, a few runs each: ``multiprocessing.Pool`` replaces a worker
-    after ``maxtasksperchild`` runs), real jobs one at a time."""
+    left to run, on ``jobs`` processes (each a fresh MPI singleton, a few runs
+    each: ``multiprocessing.Pool`` replaces a worker after
+    ``maxtasksperchild`` runs)."""
     attempted = set()
-    with tqdm(desc=f"{study} study", unit="run", file=sys.stderr, dynamic_ncols=True) as progress:
+    with tqdm(desc="accuracy study", unit="run", file=sys.stderr, dynamic_ncols=True) as progress:
         recorder.progress = progress
         while True:
-            ready = todo(scale, recorder.evidence, study, attempted)
+            ready = todo(scale, recorder.evidence, attempted)
             if not ready:
                 break
             attempted.update(run.key for run in ready)
             progress.total = (progress.total or 0) + len(ready)
             progress.refresh()
-            for run in ready:
-                if run.spec["source"] != "simulator":
-                    recorder.add(execute(run.spec, work))
-            simulated = [run.spec for run in ready if run.spec["source"] == "simulator"]
-            if simulated:
-                with get_context("spawn").Pool(jobs, maxtasksperchild=8) as pool:
-                    for record in pool.imap_unordered(partial(execute, work=work), simulated):
-                        recorder.add(record)
+            with get_context("spawn").Pool(min(jobs, len(ready)), maxtasksperchild=8) as pool:
+                for record in pool.imap_unordered(partial(execute, work=work), [run.spec for run in ready]):
+                    recorder.add(record)
         recorder.progress = None
 
 
@@ -243,8 +206,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Run the evidence of docs/results/PLAN.md, resumably.")
     parser.add_argument("--scale", choices=sorted(SCALES), default="standard",
                         help="standard (the study), quick (for trying things) or tiny (the tests)")
-    parser.add_argument("--study", choices=("accuracy", "time"), default="accuracy",
-                        help="accuracy (the simulator; first) or time (real jobs; needs the accuracy study)")
     parser.add_argument("--out", default="docs", help="RESULTS.md here, plots and evidence.json in OUT/results")
     parser.add_argument("--work", default="build/evidence", help="data cache and per-run files")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="simulator processes")
@@ -260,7 +221,7 @@ def main() -> None:
         parser.error(f"{path} holds a {evidence['scale']}-scale study; give another --out to run at {args.scale} scale")
     scale = SCALES[args.scale]
     provenance = git_state([out, work])
-    runs = todo(scale, evidence, args.study)
+    runs = todo(scale, evidence)
     done = succeeded(evidence)
     print(f"{len(done)} runs recorded already (skipped); {len(runs)} to run now (the runs that need tuned values "
           "are planned once their tuning is recorded)", flush=True)
@@ -270,13 +231,15 @@ def main() -> None:
             parser.error(f"{path} holds records of commit {', '.join(others)}, and this tree is at "
                          f"{provenance['commit']}: one study is one commit; give another --out, or "
                          "--allow-mixed-commits to add to it anyway (the page then says so)")
+        for sentence in package_defaults():
+            print(f"warning: {sentence}; the out-of-the-box cells run the plan's", flush=True)
         if not provenance["clean"]:
             print("warning: the tree has uncommitted changes; this session is recorded as not clean", flush=True)
         command = " ".join(["python benchmarks/evidence/run.py", *map(shlex.quote, sys.argv[1:])])
-        recorder = Recorder(path, evidence, command, args.study, provenance)
+        recorder = Recorder(path, evidence, command, provenance)
         path.parent.mkdir(parents=True, exist_ok=True)
         TASKS[scale.task].data(work / "data")
-        run_all(scale, recorder, work, args.jobs, args.study)
+        run_all(scale, recorder, work, args.jobs)
         print(f"ran {recorder.session['runs']} runs in {recorder.session['seconds'] / 60:.1f} min", flush=True)
     if args.report:
         from report import default_readme, write_report

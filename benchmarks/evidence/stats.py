@@ -10,10 +10,13 @@ differences (percentage points), not from two separate spreads.
   the mean (``scipy.stats.bootstrap``); the Wilcoxon signed-rank test
   (``scipy.stats.wilcoxon``, zeros dropped, exact or normal, the method kept);
   the exact sign test (``scipy.stats.binomtest``).  ``p``, the p-value a
-  verdict rests on, is the t test's (see ``docs/results/PLAN.md``, section 5).
+  verdict rests on, is the t test's (see ``docs/results/PLAN.md``, section 6).
 * ``divergence_test``: the exact McNemar test on paired did-not-train flags.
 * ``holm``: Holm's step-down adjustment of a family of p-values
-  (``statsmodels.stats.multitest.multipletests``).
+  (``statsmodels.stats.multitest.multipletests``); ``holm_levels``: the
+  confidence level of each test's interval that agrees with Holm's verdict
+  (the interval of a t test excludes 0 exactly where Holm rejects it).
+* ``mean_interval``: a mean and the half-width of its t interval.
 * ``verdict``: an interval against a target, in words.
 
 The hand-written versions this module replaced are kept in
@@ -149,6 +152,29 @@ def holm(p_values: Sequence[float]) -> List[float]:
     if not values:
         return []
     return [float(p) for p in multipletests(values, method="holm")[1]]
+
+
+def holm_levels(p_values: Sequence[float], alpha: float = 0.05) -> List[float]:
+    """The confidence level of each test's interval, in the input order, that
+    agrees with Holm's step-down at ``alpha``: the test with the i-th smallest
+    p of m is tested at alpha / (m - i + 1), and once one is not rejected
+    every later test keeps that level (Holm stops there).  A two-sided t
+    interval at the level returned excludes 0 exactly where Holm's adjusted
+    p is below ``alpha``."""
+    values = [float(p) for p in p_values]
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie strictly between 0 and 1, not {alpha}")
+    if not all(0.0 <= p <= 1.0 for p in values):
+        raise ValueError(f"p-values must lie between 0 and 1, not {values}")
+    m = len(values)
+    levels = [0.0] * m
+    stopped: Optional[float] = None
+    for rank, i in enumerate(sorted(range(m), key=lambda j: values[j])):
+        level = stopped if stopped is not None else alpha / (m - rank)
+        if stopped is None and values[i] >= level:
+            stopped = level
+        levels[i] = 1.0 - level
+    return levels
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> Tuple[float, float]:

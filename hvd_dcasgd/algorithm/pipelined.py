@@ -110,7 +110,6 @@ class PipelinedUpdate:
         state = update.state.of(worker)
         mean_square = None if call.mean_square is None else state[call.mean_square]
         momentum = self.momentum()
-        settings = update.compensation
         groups = []  # per group: its range, hyperparameters, momentum buffer and whether this is its first step
         for g, (group, (start, end), lr) in enumerate(zip(optimizer.param_groups, update.group_ranges, lrs)):
             buffer = momentum.buffer if momentum is not None and group["momentum"] != 0 else None

@@ -1,5 +1,6 @@
 """The Horovod API surface, ``horovod.torch`` 0.28.1's names: the
-`DistributedOptimizer` wrapper (`optimizer`), the tensor collectives among the
+`DistributedOptimizer` wrapper (`optimizer`, with the method and its
+constants in `method` and the worker's optimizer class in `wrapped`), the tensor collectives among the
 workers (`mpi_ops`), object broadcasts and ``join`` (`collectives`), process
 sets (`process_sets`), ``SyncBatchNorm`` (`sync_batch_norm`), Horovod's
 questions about its build (`basics`), elastic mode (`elastic`) and the dtype

@@ -1,27 +1,26 @@
-"""``DistributedOptimizer``: the user's optimizer, made asynchronous.
+"""``DistributedOptimizer``: the user's optimizer, made asynchronous -- its
+options checked, then what each role does with it.
 
-Shaped like Horovod's ``horovod/torch/optimizer.py``: a dynamic subclass of
-the user's optimizer class, gradient hooks that count backward passes, and
-``synchronize()`` / ``skip_synchronize()``.  On a worker, ``step()`` pushes the
-gradients to the parameter server and loads the weights it answers with; the
-server runs the user's optimizer on the compensated gradient.  On the server
-rank, building the optimizer *is* running the server: it serves until every
-worker has finished, then exits with status 0.  The ``horovod`` method is the
-baseline: Horovod's own synchronous ``DistributedOptimizer`` among the
-workers, the server rank idle.
+On a worker it returns the wrapped optimizer (:mod:`.wrapped`), whose
+``step()`` pushes the gradients to the parameter server and loads the weights
+it answers with; the server runs the user's optimizer on the compensated
+gradient.  On the server rank, building the optimizer *is* running the
+server: it serves until every worker has finished, then exits with status 0.
+The ``horovod`` method is the baseline: Horovod's own synchronous
+``DistributedOptimizer`` among the workers, the server rank idle.  Which
+method and constants: :mod:`.method`.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Dict, Iterable, Iterator, Optional, Tuple, Type
+from typing import Iterable, Optional, Tuple, Type
 
 import torch
 
-from ..algorithm.compensation import COMPENSATIONS, MODES, SCHEDULES, Compensation
+from ..algorithm.compensation import Compensation
 from ..algorithm.shards import check_shardable, is_elementwise, partition
 from ..algorithm.update import lr_factor
-from ..common.config import resolve, setting
+from ..common.config import resolve
 from ..common.errors import HvdDcasgdError, HvdDcasgdValueError
 from ..protocol.layout import ModelLayout
 from ..runtime.exits import rendezvous
@@ -29,115 +28,11 @@ from ..runtime.horovod import require_horovod
 from ..runtime.roles import LOCAL, SERVER, WORKER, Runtime, runtime
 from ..serving.session import HorovodSession, idle_server, run_server, start_worker
 from .compression import Compression, Compressor
+from .method import BACKENDS, METHODS, constants, method_name, resolve_method
 from .mpi_ops import Adasum, Average, Sum
+from .wrapped import wrap
 
-#: Every training method by its short name: the server's modes (``none`` is
-#: ASGD, ``sync`` is SSGD, ``constant``/``adaptive`` are DC-ASGD-c/-a) and
-#: ``horovod``, Horovod's own synchronous allreduce among the workers.
-METHODS = MODES + ("horovod",)
-#: Where training runs: the parameter server, or Horovod's allreduce among the workers.
-BACKENDS = ("server", "horovod")
-
-
-class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, backward_passes_per_step: int = 1):
-        super(self.__class__, self).__init__(params)
-        self.backward_passes_per_step = backward_passes_per_step
-        self._session = None
-        self._local_steps = 0
-        self._passes = {}
-        self._hooks = [
-            p.register_post_accumulate_grad_hook(self._count_pass)
-            for group in self.param_groups
-            for p in group["params"]
-            if p.requires_grad
-        ]
-
-    def _count_pass(self, p: torch.Tensor) -> None:
-        count = self._passes.get(p, 0) + 1
-        if count > self.backward_passes_per_step:
-            raise HvdDcasgdError(
-                "hvd_dcasgd: gradients were computed more than backward_passes_per_step="
-                f"{self.backward_passes_per_step} times before step(); increase backward_passes_per_step "
-                "to accumulate gradients locally, or call step() after each backward()."
-            )
-        self._passes[p] = count
-        if count == self.backward_passes_per_step and self._session is not None and not self._session.finished:
-            self._session.worker.gradient_final(p)  # its bucket may go now, during backward
-
-    def synchronize(self) -> None:
-        """Close the gradient-accumulation window.
-
-        In Horovod this waits for the allreduce so that gradients can be
-        clipped or unscaled before ``step()``.  Here gradients stay on the
-        worker until ``step()`` pushes them, so there is nothing to wait for:
-        whatever ``p.grad`` holds when ``step()`` runs is what the server gets
-        (buckets sent during backward are sent again by ``step()``, in case
-        the gradients are clipped or unscaled in between).
-        """
-        self._passes.clear()
-        self._restart_buckets()
-
-    def _restart_buckets(self) -> None:
-        if self._session is not None and not self._session.finished:
-            self._session.worker.restart()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the gradients and start a new accumulation window (a step a
-        GradScaler skipped after an overflow leaves none open)."""
-        self._passes.clear()
-        self._restart_buckets()
-        super(self.__class__, self).zero_grad(set_to_none)
-
-    @contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """Horovod's idiom ``synchronize(); clip; with skip_synchronize():
-        step()`` works unchanged: ``step()`` always pushes the current
-        gradients exactly once."""
-        yield
-
-    def step(self, closure=None):
-        """Push the gradients and load the server's new weights (the server
-        steps); when training locally, a plain step."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._passes.clear()
-        if self._session is None:
-            super(self.__class__, self).step()
-            self._local_steps += 1
-        elif self._session.finished:
-            raise HvdDcasgdError("hvd_dcasgd: training has ended (hvd.shutdown() ran); this optimizer can no longer step")
-        else:
-            self._session.exchange()
-        return loss
-
-    @property
-    def pushes(self) -> int:
-        """How many of this worker's gradients the server has taken, counting
-        the jobs this one resumes (0 on a fresh start): a resumed script skips
-        that many steps of its data.  Counts steps when training locally."""
-        if self._session is not None:
-            return self._session.pushes
-        return self._local_steps
-
-    def state_dict(self):
-        """While training, the server's optimizer state (its optimizer is the
-        one that steps), so that a checkpoint saved on a worker is complete;
-        the model is brought to the server's weights of the same moment (a
-        pull), so ``model.state_dict()`` and this belong together."""
-        if self._session is not None and not self._session.finished:
-            return self._session.optimizer_state_with_weights()
-        return super(self.__class__, self).state_dict()
-
-    def load_state_dict(self, state_dict) -> None:
-        """Load on the server while training (its optimizer is the one that
-        steps), then here.  A state the server cannot take raises here and
-        changes nothing, on either side."""
-        if self._session is not None and not self._session.finished:
-            self._session.load_optimizer_state(state_dict)
-        super(self.__class__, self).load_state_dict(state_dict)
+__all__ = ["BACKENDS", "METHODS", "DistributedOptimizer"]
 
 
 def _server_device(rt: Runtime, requested: Optional[str]) -> torch.device:
@@ -152,57 +47,6 @@ def _server_device(rt: Runtime, requested: Optional[str]) -> torch.device:
     if rt.servers > 1:
         return torch.device("cuda", rt.local_rank % torch.cuda.device_count())
     return torch.device("cuda", torch.cuda.current_device())
-
-
-#: Each compensation constant's variable.
-CONSTANT_VARIABLES = {"lambda_0": "HVD_DCASGD_LAMBDA", "bound": "HVD_DCASGD_BOUND",
-                      "mean_square_momentum": "HVD_DCASGD_MEAN_SQUARE_MOMENTUM", "eps": "HVD_DCASGD_EPS",
-                      "gamma": "HVD_DCASGD_GAMMA", "gap_eps": "HVD_DCASGD_GAP_EPS"}
-
-
-def constants(**arguments: Optional[float]) -> Dict[str, Optional[float]]:
-    """The compensation's constants: each variable when set, else the script's argument, else ``None`` (the
-    compensation's own default; the table's default for a constant the compensation does not use would be an
-    error)."""
-    found = {}
-    for name, value in arguments.items():
-        env = setting(CONSTANT_VARIABLES[name])
-        found[name] = value if env is None else env
-    return found
-
-
-def resolve_method(compensation: Optional[str], schedule: Optional[str], backend: Optional[str]) -> Tuple[str, str, str]:
-    """(compensation, schedule, backend) from the three settings, each
-    overridden by its environment variable; ``compensation="sync"`` and
-    ``"horovod"`` are shorthands for ``none`` on the sync schedule and for the
-    Horovod backend."""
-    compensation = resolve("HVD_DCASGD_COMPENSATION", compensation)
-    # unset: as the compensation's shorthand says, else the table's default
-    schedule = setting("HVD_DCASGD_SCHEDULE") or schedule
-    backend = setting("HVD_DCASGD_BACKEND") or backend
-    if compensation == "horovod":
-        compensation, backend = "none", backend or "horovod"
-    elif compensation == "sync":
-        compensation, schedule = "none", schedule or "sync"
-    schedule, backend = resolve("HVD_DCASGD_SCHEDULE", schedule), resolve("HVD_DCASGD_BACKEND", backend)
-    if compensation not in COMPENSATIONS:
-        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown compensation {compensation!r}; choose one of "
-                                  f"{', '.join(METHODS)}")
-    if schedule not in SCHEDULES:
-        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
-    if backend not in BACKENDS:
-        raise HvdDcasgdValueError(f"hvd_dcasgd: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    return compensation, schedule, backend
-
-
-def method_name(compensation: str, schedule: str, backend: str) -> str:
-    """The short name of a method (one of :data:`METHODS` for the built-in
-    ones): ``horovod``, ``sync``, or the compensation's name."""
-    if backend == "horovod":
-        return "horovod"
-    if schedule == "sync":
-        return "sync" if compensation == "none" else f"sync+{compensation}"
-    return compensation
 
 
 def DistributedOptimizer(
@@ -357,8 +201,7 @@ def DistributedOptimizer(
         trace = resolve("HVD_DCASGD_TRACE", trace)
         run_server(rt, optimizer, layout, settings, wire_dtype, model, _server_device(rt, server_device), trace,
                    checkpoint_dir, slices, metrics_dir, lr_scaling=lr_scaling)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
-    wrapped = cls(optimizer.param_groups, backward_passes_per_step)
+    wrapped = wrap(optimizer, backward_passes_per_step)
     wrapped.compensation = settings
     wrapped.lr_scaling = lr_scaling
     wrapped.method = method

@@ -12,13 +12,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # this tree's package, as its ranks get it (child_env)
 
-from hvd_dcasgd.launcher.launch import local_command  # noqa: E402  (standard library only: no torch, no MPI)
+from hvd_dcasgd.launcher.command import local_command  # noqa: E402  (standard library only: no torch, no MPI)
 
 
 def mpirun(ranks: int, *args, mca: Sequence[str] = ()) -> List[str]:
     """``mpirun -np ranks [mca] python args`` on this host, oversubscribed (a
     benchmark often runs more ranks than there are cores), built by the
-    launcher's builder (:func:`hvd_dcasgd.launcher.launch.local_command`)."""
+    launcher's builder (:func:`hvd_dcasgd.launcher.command.local_command`)."""
     return local_command(ranks, args, mca)
 
 

@@ -39,7 +39,7 @@ export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 # its own at the index hvd.local_rank() returns, so that Horovod's
 # torch.cuda.set_device(hvd.local_rank()) selects it (docs/LAUNCH.md).
 per_task="${SLURM_GPUS_PER_TASK:+${SLURM_GPUS_PER_TASK##*:}}"
-PIN_ONE_GPU=("$PYTHON" "$REPO/hvd_dcasgd/launcher/launch.py" --rank-exec visible "${COMMAND[@]:1}")
+PIN_ONE_GPU=("$PYTHON" "$REPO/hvd_dcasgd/launcher/rank.py" --rank-exec visible "${COMMAND[@]:1}")
 
 echo "hvd_dcasgd: $SERVERS server(s) + $((SLURM_NTASKS - SERVERS)) workers on ${SLURM_JOB_NUM_NODES:-?} node(s) ${SLURM_JOB_NODELIST:-?}, $LAUNCHER: ${COMMAND[*]}"
 case "$LAUNCHER" in

@@ -27,7 +27,7 @@ from sklearn.datasets import load_digits
 
 from hvd_dcasgd.algorithm.compensation import Compensation
 from hvd_dcasgd.algorithm.endpoints import open_server
-from hvd_dcasgd.launcher.launch import local_command
+from hvd_dcasgd.launcher.command import local_command
 from hvd_dcasgd.protocol.layout import ModelLayout, flatten_into
 from hvd_dcasgd.runtime.mpi import load_mpi
 from hvd_dcasgd.common.process import run_command

@@ -10,8 +10,10 @@ import pytest
 
 from helpers import ROOT, run
 
-from hvd_dcasgd.launcher import launch
-from hvd_dcasgd.launcher.launch import MPICH, OPEN_MPI, LaunchError, Machine
+from hvd_dcasgd.launcher import command, launch, rank
+from hvd_dcasgd.launcher.command import MPICH, OPEN_MPI
+from hvd_dcasgd.launcher.probe import Machine
+from hvd_dcasgd.launcher.rank import LaunchError
 
 LAUNCHER = ROOT / "launch" / "hvd-dcasgd-run"
 PY = "/opt/python"
@@ -90,7 +92,7 @@ def test_set_device_of_local_rank_selects_the_pinned_gpu(workers, servers):
     for r in ranks:
         visible = r["visible"].split(",")
         assert r["server"] == (r["world_rank"] < servers)
-        assert visible[r["local_rank"] % len(visible)] == launch.gpu_for_rank(r["world_rank"], r["world_rank"], gpus), r
+        assert visible[r["local_rank"] % len(visible)] == rank.gpu_for_rank(r["world_rank"], r["world_rank"], gpus), r
         assert len(visible) == (1 if r["local_rank"] >= len(gpus) else len(gpus)), r
 
 
@@ -153,8 +155,8 @@ def test_a_launcher_of_another_mpi_is_refused(tmp_path):
 
 
 def test_rank_step_outside_an_mpi_job_says_so(tmp_path):
-    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launcher" / "launch.py"), "--rank-exec", "0,1", "x.py"],
-                 env={name: "" for name in launch.WORLD_RANK_VARIABLES + launch.LOCAL_RANK_VARIABLES})
+    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launcher" / "rank.py"), "--rank-exec", "0,1", "x.py"],
+                 env={name: "" for name in rank.WORLD_RANK_VARIABLES + rank.LOCAL_RANK_VARIABLES})
     assert result.returncode == 2, result.stdout
     assert result.stdout.startswith("hvd-dcasgd-run: --rank-exec runs inside an MPI job, but none of"), result.stdout
 
@@ -162,37 +164,37 @@ def test_rank_step_outside_an_mpi_job_says_so(tmp_path):
 # The command built for each MPI and layout (no MPI started).
 
 def test_open_mpi_one_node_as_root_with_more_ranks_than_cores():
-    plan = launch.build(options("-n", "4"), Machine(OPEN_MPI, "mpirun", is_root=True, cores=2), {})
+    plan = command.build(options("-n", "4"), Machine(OPEN_MPI, "mpirun", is_root=True, cores=2), {})
     assert plan.command == ["mpirun", "--allow-run-as-root", "-np", "5", "--oversubscribe", "--mca", "osc", "sm",
                             PY, SCRIPT, "--epochs", "5"]
     assert plan.notes == []
 
 
 def test_open_mpi_one_node_not_root_with_enough_cores():
-    plan = launch.build(options("-n", "4"), Machine(OPEN_MPI, "mpirun", is_root=False, cores=8), {})
+    plan = command.build(options("-n", "4"), Machine(OPEN_MPI, "mpirun", is_root=False, cores=8), {})
     assert plan.command == ["mpirun", "-np", "5", "--mca", "osc", "sm", PY, SCRIPT, "--epochs", "5"]
-    forced = launch.build(options("-n", "4", "--oversubscribe"), Machine(OPEN_MPI, "mpirun", cores=8), {})
+    forced = command.build(options("-n", "4", "--oversubscribe"), Machine(OPEN_MPI, "mpirun", cores=8), {})
     assert "--oversubscribe" in forced.command
 
 
 def test_open_mpi_passes_the_projects_variables_and_pythonpath_only():
     environ = {"HVD_DCASGD_COMPENSATION": "none", "PYTHONPATH": "/src", "HOME": "/root"}
-    plan = launch.build(options("-n", "1"), Machine(OPEN_MPI, "mpirun", cores=8), environ)
+    plan = command.build(options("-n", "1"), Machine(OPEN_MPI, "mpirun", cores=8), environ)
     assert plan.command == ["mpirun", "-np", "2", "--mca", "osc", "sm",
                             "-x", "HVD_DCASGD_COMPENSATION", "-x", "PYTHONPATH", PY, SCRIPT, "--epochs", "5"]
 
 
 def test_open_mpi_several_nodes_over_tcp_uses_pt2pt_at_thread_level_serialized():
-    plan = launch.build(options("-n", "8", "-H", "a:4,b:5"), Machine(OPEN_MPI, "mpirun", cores=2), {})
+    plan = command.build(options("-n", "8", "-H", "a:4,b:5"), Machine(OPEN_MPI, "mpirun", cores=2), {})
     assert plan.command == ["mpirun", "-np", "9", "--host", "a:4,b:5",
                             "--mca", "pml", "ob1", "--mca", "btl", "tcp,vader,self", "--mca", "osc", "pt2pt",
                             "-x", "HVD_DCASGD_THREAD_LEVEL=serialized", "-x", "HVD_DCASGD_HOROVOD=0",
                             PY, SCRIPT, "--epochs", "5"]
-    assert plan.notes == [launch.PT2PT_NOTE]
+    assert plan.notes == [command.PT2PT_NOTE]
 
 
 def test_open_mpi_several_nodes_with_rdma_uses_ucx():
-    plan = launch.build(options("-n", "8", "-H", "a:4,b:5"), Machine(OPEN_MPI, "mpirun", ucx_rdma=True), {})
+    plan = command.build(options("-n", "8", "-H", "a:4,b:5"), Machine(OPEN_MPI, "mpirun", ucx_rdma=True), {})
     assert plan.command[plan.command.index("--host") + 2:] == ["--mca", "pml", "ucx", "--mca", "osc", "ucx",
                                                                PY, SCRIPT, "--epochs", "5"]
     assert plan.notes == []
@@ -200,30 +202,30 @@ def test_open_mpi_several_nodes_with_rdma_uses_ucx():
 
 def test_several_servers_are_more_ranks_told_to_every_rank_and_spread_over_hosts():
     machine = Machine(OPEN_MPI, "mpirun", cores=8)
-    plan = launch.build(options("-n", "4", "--servers", "2"), machine, {})
+    plan = command.build(options("-n", "4", "--servers", "2"), machine, {})
     assert plan.command == ["mpirun", "-np", "6", "--mca", "osc", "sm", "-x", "HVD_DCASGD_SERVERS=2",
                             PY, SCRIPT, "--epochs", "5"]
-    plan = launch.build(options("-n", "4"), machine, {"HVD_DCASGD_SERVERS": "3"})  # the caller's own value
+    plan = command.build(options("-n", "4"), machine, {"HVD_DCASGD_SERVERS": "3"})  # the caller's own value
     assert plan.command == ["mpirun", "-np", "7", "--mca", "osc", "sm", "-x", "HVD_DCASGD_SERVERS",
                             PY, SCRIPT, "--epochs", "5"]
-    plan = launch.build(options("-n", "4", "--servers", "2", "-H", "a:3,b:3"), Machine(OPEN_MPI, "mpirun", ucx_rdma=True), {})
+    plan = command.build(options("-n", "4", "--servers", "2", "-H", "a:3,b:3"), Machine(OPEN_MPI, "mpirun", ucx_rdma=True), {})
     assert plan.command[:7] == ["mpirun", "-np", "6", "--host", "a:3,b:3", "--map-by", "node"]
-    mpich = launch.build(options("-n", "4", "--servers", "2", "-H", "a:3,b:3"), Machine(MPICH, "mpiexec"), {})
+    mpich = command.build(options("-n", "4", "--servers", "2", "-H", "a:3,b:3"), Machine(MPICH, "mpiexec"), {})
     assert mpich.command == ["mpiexec", "-n", "6", "-hosts", "a:3,b:3", "-ppn", "1", "-genv",
                              "MPIR_CVAR_ASYNC_PROGRESS", "1", "-genv", "HVD_DCASGD_SERVERS", "2", PY, SCRIPT,
                              "--epochs", "5"]
-    with pytest.raises(launch.LaunchError, match="--servers must be at least 1"):
-        launch.build(options("-n", "4", "--servers", "0"), machine, {})
+    with pytest.raises(LaunchError, match="--servers must be at least 1"):
+        command.build(options("-n", "4", "--servers", "0"), machine, {})
 
 
 def test_open_mpi_hostfile_is_passed_as_is(tmp_path):
     several, one = tmp_path / "several", tmp_path / "one"
     several.write_text("# cluster\nnode1 slots=4\nnode2 slots=4 max_slots=8  # second\n")
     one.write_text("node1 slots=8\n")
-    plan = launch.build(options("-n", "6", "--hostfile", str(several)), Machine(OPEN_MPI, "mpirun"), {})
+    plan = command.build(options("-n", "6", "--hostfile", str(several)), Machine(OPEN_MPI, "mpirun"), {})
     assert plan.command[:6] == ["mpirun", "-np", "7", "--hostfile", str(several), "--mca"]
     assert "pt2pt" in plan.command and "--oversubscribe" not in plan.command
-    plan = launch.build(options("-n", "6", "--hostfile", str(one)), Machine(OPEN_MPI, "mpirun"), {})
+    plan = command.build(options("-n", "6", "--hostfile", str(one)), Machine(OPEN_MPI, "mpirun"), {})
     assert plan.command[3:8] == ["--hostfile", str(one), "--mca", "osc", "sm"]
 
 
@@ -232,31 +234,31 @@ def test_a_hostfile_in_the_other_mpis_syntax_is_refused(tmp_path):
     mpich_style.write_text("node1:4\n")
     open_mpi_style.write_text("node1 slots=4\n")
     with pytest.raises(LaunchError, match=r"line 1 uses MPICH's `host:N`; Open MPI's hostfile wants `node1 slots=4`"):
-        launch.build(options("-n", "2", "--hostfile", str(mpich_style)), Machine(OPEN_MPI, "mpirun"), {})
+        command.build(options("-n", "2", "--hostfile", str(mpich_style)), Machine(OPEN_MPI, "mpirun"), {})
     with pytest.raises(LaunchError, match=r"line 1 uses Open MPI's `slots=`; MPICH's hostfile wants `node1:4`"):
-        launch.build(options("-n", "2", "--hostfile", str(open_mpi_style)), Machine(MPICH, "mpiexec"), {})
+        command.build(options("-n", "2", "--hostfile", str(open_mpi_style)), Machine(MPICH, "mpiexec"), {})
 
 
 def test_user_choice_of_one_sided_component_wins():
     tcp = options("-n", "2", "--mpi-arg=--mca btl tcp,self --mca osc pt2pt")
-    plan = launch.build(tcp, Machine(OPEN_MPI, "mpirun", cores=8), {"HVD_DCASGD_THREAD_LEVEL": "funneled"})
+    plan = command.build(tcp, Machine(OPEN_MPI, "mpirun", cores=8), {"HVD_DCASGD_THREAD_LEVEL": "funneled"})
     assert plan.command == ["mpirun", "-np", "3", "-x", "HVD_DCASGD_THREAD_LEVEL", "-x", "HVD_DCASGD_HOROVOD=0",
                             "--mca", "btl", "tcp,self", "--mca", "osc", "pt2pt", PY, SCRIPT, "--epochs", "5"]
-    plan = launch.build(options("-n", "2"), Machine(OPEN_MPI, "mpirun", cores=8), {"OMPI_MCA_osc": "rdma"})
+    plan = command.build(options("-n", "2"), Machine(OPEN_MPI, "mpirun", cores=8), {"OMPI_MCA_osc": "rdma"})
     assert plan.command == ["mpirun", "-np", "3", PY, SCRIPT, "--epochs", "5"]
 
 
 def test_mpich_gets_asynchronous_progress_and_its_own_options(tmp_path):
     environ = {"HVD_DCASGD_COMPENSATION": "none", "PYTHONPATH": "/src", "HOME": "/root"}
     machine = Machine(MPICH, "mpiexec", is_root=True, cores=1)
-    plan = launch.build(options("-n", "4"), machine, environ)
+    plan = command.build(options("-n", "4"), machine, environ)
     assert plan.command == ["mpiexec", "-n", "5", "-genv", "MPIR_CVAR_ASYNC_PROGRESS", "1",
                             "-genvlist", "HVD_DCASGD_COMPENSATION,PYTHONPATH", PY, SCRIPT, "--epochs", "5"]
-    plan = launch.build(options("-n", "4", "-H", "a:2,b:3"), machine, {})
+    plan = command.build(options("-n", "4", "-H", "a:2,b:3"), machine, {})
     assert plan.command[:5] == ["mpiexec", "-n", "5", "-hosts", "a:2,b:3"]
     hostfile = tmp_path / "hosts"
     hostfile.write_text("a:2\nb:3\n")
-    plan = launch.build(options("-n", "4", "--hostfile", str(hostfile)), machine, {"MPIR_CVAR_ASYNC_PROGRESS": "0"})
+    plan = command.build(options("-n", "4", "--hostfile", str(hostfile)), machine, {"MPIR_CVAR_ASYNC_PROGRESS": "0"})
     assert plan.command == ["mpiexec", "-n", "5", "-f", str(hostfile), PY, SCRIPT, "--epochs", "5"]
 
 
@@ -267,21 +269,21 @@ def test_mpich_gets_asynchronous_progress_and_its_own_options(tmp_path):
     ("2,3", (), "2,3"),
 ])
 def test_gpu_pinning_goes_through_the_rank_step_only_when_there_is_something_to_set(flag, found, pinned):
-    plan = launch.build(options("-n", "2", "--gpus", flag), Machine(OPEN_MPI, "mpirun", cores=8, gpus=found), {})
+    plan = command.build(options("-n", "2", "--gpus", flag), Machine(OPEN_MPI, "mpirun", cores=8, gpus=found), {})
     tail = [SCRIPT, "--epochs", "5"]
     if pinned is None:
         assert plan.command[-4:] == [PY, *tail]
     else:
-        assert plan.command[-7:] == [PY, str(ROOT / "hvd_dcasgd" / "launcher" / "launch.py"), "--rank-exec", pinned, *tail]
+        assert plan.command[-7:] == [PY, str(ROOT / "hvd_dcasgd" / "launcher" / "rank.py"), "--rank-exec", pinned, *tail]
 
 
 def test_gpu_for_each_rank():
     gpus = ["0", "1", "2", "3"]
-    server_node = [launch.gpu_for_rank(rank, rank, gpus) for rank in range(6)]
+    server_node = [rank.gpu_for_rank(r, r, gpus) for r in range(6)]
     assert server_node == ["0", "1", "2", "3", "1", "2"]
-    other_node = [launch.gpu_for_rank(6 + local, local, gpus) for local in range(5)]
+    other_node = [rank.gpu_for_rank(6 + local, local, gpus) for local in range(5)]
     assert other_node == ["0", "1", "2", "3", "0"]
-    assert {launch.gpu_for_rank(rank, rank % 2, ["5"]) for rank in range(4)} == {"5"}
+    assert {rank.gpu_for_rank(r, r % 2, ["5"]) for r in range(4)} == {"5"}
 
 
 def test_everything_after_the_script_goes_to_the_script():
@@ -300,8 +302,8 @@ def test_everything_after_the_script_goes_to_the_script():
 def test_the_rank_step_reads_mpich_and_slurm_rank_variables(tmp_path, env, expected):
     program = tmp_path / "gpu.py"
     program.write_text("import os; print('gpu', repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n")
-    blank = {name: "" for name in launch.WORLD_RANK_VARIABLES + launch.LOCAL_RANK_VARIABLES}
-    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launcher" / "launch.py"), "--rank-exec", "4,5,6", program],
+    blank = {name: "" for name in rank.WORLD_RANK_VARIABLES + rank.LOCAL_RANK_VARIABLES}
+    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launcher" / "rank.py"), "--rank-exec", "4,5,6", program],
                  env={**blank, **env})
     assert result.returncode == 0, result.stdout
     assert result.stdout.strip() == f"gpu {expected}"

@@ -107,7 +107,7 @@ SEES = ("import os; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], 'local', o
 def test_one_gpu_per_task_is_pinned_at_the_index_of_local_rank(stand_ins, launcher, tmp_path):
     """sbatch --gpus-per-task=1: each rank runs through hvd-dcasgd-run's pinning step (a real Python here) over
     the GPUs of its node, and sees them turned as the launcher turns them (docs/LAUNCH.md)."""
-    from hvd_dcasgd.launcher.launch import visible_devices
+    from hvd_dcasgd.launcher.rank import visible_devices
 
     (stand_ins / "venv" / "bin" / "python").unlink()
     (stand_ins / "venv" / "bin" / "python").symlink_to(sys.executable)

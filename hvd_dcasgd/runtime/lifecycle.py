@@ -7,21 +7,21 @@ its runtime.  Its phase moves only forward::
                      \\________________________^
 
 * ``STARTING``: from ``init()`` to the end of the session's start
-  (:func:`.session.start`: agreement, windows, resume).
+  (:func:`hvd_dcasgd.serving.transitions.start`: agreement, windows, resume).
 * ``TRAINING``: the server applies pushes, the worker steps.
 * ``STOPPING``: the job was asked to stop (a signal on some rank, see
   :mod:`.preemption`): the server answers every push "stop" from the update
   :attr:`Lifecycle.stopped_at` on, a worker ends its script after its step.
-* ``ENDING``: every worker has left: the final exchange
-  (:func:`.session.final_exchange`), the last checkpoint, the windows freed.
+* ``ENDING``: every worker has left: the final exchange, the last
+  checkpoint, the windows freed (:func:`hvd_dcasgd.serving.transitions.end`).
 * ``FINISHED``: nothing collective is left; the process may exit.
 
 Signal handlers, the stall watch and the serving loop only *inform* the
 lifecycle (:meth:`Lifecycle.signal_received`, :meth:`Lifecycle.stop`); they
 never end a rank themselves.  The transitions that involve every rank are
-each one function both sides run: :func:`.session.start` (start and resume),
-the channel's stop word and answer bit (stop), :func:`.session.final_exchange`
-(end).
+each one function both sides run: ``transitions.start`` (start and resume),
+the channel's stop word and answer bit (stop), ``transitions.end`` (end), in
+:mod:`hvd_dcasgd.serving.transitions`.
 """
 
 from __future__ import annotations

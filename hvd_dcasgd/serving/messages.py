@@ -1,9 +1,9 @@
 """The typed messages a session's ranks exchange outside the push protocol.
 
 * :class:`Description` -- what every rank says about itself at the start
-  (:func:`.session.agree`);
+  (:func:`.agreement.agree`);
 * :class:`Resumed` -- what the server tells every worker once it has loaded
-  (or not) a checkpoint (:func:`.session.start`);
+  (or not) a checkpoint (:func:`.transitions.start`);
 * the requests a worker makes of the server while training --
   :class:`SetState`, :class:`LoadOptimizerState`,
   :class:`OptimizerStateWithWeights` -- which :class:`ControlRequests`

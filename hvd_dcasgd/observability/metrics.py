@@ -50,6 +50,7 @@ import torch
 
 from ..common.config import resolve, setting
 from ..common.log import get_logger
+from ..runtime.place import ServerPlace
 
 if TYPE_CHECKING:
     from ..algorithm.server import ParameterServer
@@ -99,9 +100,9 @@ def interval_figures(before: Reading, after: Reading) -> Dict[str, Any]:
     return figures
 
 
-def metrics_folder(folder: str, shard: Optional[int]) -> Path:
+def metrics_folder(folder: str, place: ServerPlace) -> Path:
     """Where one server writes: ``folder/server``, or ``folder/server-<s>`` for server s of several."""
-    return Path(folder) / ("server" if shard is None else f"server-{shard}")
+    return Path(folder) / place.metrics_folder
 
 
 class _TensorBoard:
@@ -177,8 +178,7 @@ class Metrics:
         self.server = server
         telemetry = server.telemetry
         num_workers = len(telemetry.pushes)
-        shard = telemetry.shard[0] if telemetry.shard is not None else None
-        path = metrics_folder(folder, shard)
+        path = metrics_folder(folder, telemetry.place)
         self.sampled = server.compensation.mode != "none" and server.compensation.schedule != "sync"
         columns = ["updates", "updates_per_s", "gradients_per_s", "staleness/mean", "staleness/max", "staleness",
                    "refused", "apply_seconds_per_update", "checkpoint_seconds", "compensation_ratio",
@@ -186,9 +186,9 @@ class Metrics:
                      for what in ("pushes_per_s", "seconds_since_push"))]
         if tensorboard is None:
             tensorboard = _tensorboard_installed()
-            if not tensorboard and shard in (None, 0):
+            if not tensorboard and telemetry.place.speaks_for_all:
                 log.warning(f"hvd_dcasgd: the tensorboard package is not installed, so the metrics go to "
-                            f"{metrics_folder(folder, shard) / 'metrics.csv'} (pip install tensorboard for event "
+                            f"{path / 'metrics.csv'} (pip install tensorboard for event "
                             "files)")
         self.output = _TensorBoard(path) if tensorboard else _CSV(path, columns)
         self.last = Reading(telemetry)

@@ -39,7 +39,7 @@ class Monitor:
                  metrics_dir: Optional[str] = None):
         telemetry = server.telemetry
         if worker_offset is None:
-            worker_offset = 1 if telemetry.shard is None else _servers(server)
+            worker_offset = telemetry.place.first_worker_rank
         settings = metrics_settings(metrics_dir)
         self.metrics = Metrics(server, settings[0]) if settings else None
         self.metrics_every = settings[1] if settings else math.inf
@@ -77,9 +77,3 @@ class Monitor:
             self.metrics.write()
             self.metrics.close()
             self.metrics = None
-
-
-def _servers(server: "ParameterServer") -> int:
-    from ..runtime import roles as runtime
-
-    return runtime._runtime.servers if runtime._runtime is not None else 1

@@ -11,10 +11,11 @@ import json
 import os
 import time
 from collections import Counter
-from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Any, Dict, List, Optional, Sequence
 
 from ..common.files import atomic_write
 from ..common.log import get_logger
+from ..runtime.place import OnlyServer, ServerPlace
 
 log = get_logger("telemetry")
 
@@ -29,15 +30,15 @@ class Telemetry:
     trace, a whole line at a time."""
 
     def __init__(self, num_workers: int, trace_path: Optional[str] = None, resume_from: Optional[int] = None,
-                 shard: Optional[Tuple[int, int, int]] = None):
+                 place: ServerPlace = OnlyServer()):
         """With ``resume_from`` (a job resumed at that update) the trace goes
         on where it was, without the lines of updates from that one on (the
-        ones a killed job applied after its last checkpoint).  ``shard`` is
-        (index, offset, numel) of a server among several."""
+        ones a killed job applied after its last checkpoint).  ``place`` is
+        the server's among the job's servers."""
         self.num_workers = num_workers
-        self.shard = shard
-        self.name = "hvd_dcasgd server" if shard is None else f"hvd_dcasgd server {shard[0]}"
-        self._tag = {} if shard is None else {"shard": shard[0]}
+        self.place = place
+        self.name = place.name
+        self._tag = place.trace_tag()
         self.pushes: List[int] = [0] * num_workers
         self.refused: List[int] = [0] * num_workers  # pushes the server would not apply
         self.staleness = Counter()
@@ -52,14 +53,15 @@ class Telemetry:
         self.bytes_in_per_push, self.bytes_out_per_answer = 0, 0
         self.transport: Dict[str, Any] = {}  # how the pushes travel and which hosts hold the ranks
         self.update_path: Dict[str, str] = {}  # which update ran, how messages reach the model, and why
-        if trace_path and resume_from is not None and shard is None and os.path.exists(trace_path):
-            truncate_trace(trace_path, {None: resume_from})  # several servers: the first truncates everyone's
-        mode = "a" if resume_from is not None or shard is not None else "w"
+        shared = place.shares_the_trace  # several servers: the first truncates everyone's, before any writes
+        if trace_path and resume_from is not None and not shared and os.path.exists(trace_path):
+            truncate_trace(trace_path, {None: resume_from})
+        mode = "a" if resume_from is not None or shared else "w"
         # several servers append to one file: a line at a time (one write each, O_APPEND)
-        buffering = 1 if shard is not None else -1
-        self._trace: Optional[IO[str]] = open(trace_path, mode, buffering=buffering) if trace_path else None
-        if self._trace is not None and shard is not None and resume_from is None:
-            self._trace.write(json.dumps({"shard": shard[0], "offset": shard[1], "numel": shard[2]}) + "\n")
+        self._trace: Optional[IO[str]] = open(trace_path, mode, buffering=1 if shared else -1) if trace_path else None
+        header = place.trace_header()
+        if self._trace is not None and header is not None and resume_from is None:
+            self._trace.write(json.dumps(header) + "\n")
 
     def record(self, update: int, worker: int, staleness: int) -> None:
         """Note that ``worker``'s next push went into server update ``update``."""

@@ -43,7 +43,7 @@ import time
 import uuid
 import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -52,6 +52,7 @@ from ..common.errors import HvdDcasgdError
 from ..common.files import FolderInUse, FolderLock, atomic_write
 from ..common.log import get_logger
 from ..common.tensors import all_finite
+from ..runtime.place import OnlyServer, ServerPlace
 
 __all__ = ["Checkpoints", "KEEP", "open_checkpoints", "estimate_bytes", "checksum"]
 
@@ -175,27 +176,28 @@ class Checkpoints:
         self.seconds = 0.0  # spent writing
 
     @classmethod
-    def from_settings(cls, folder: Optional[str], shard: int = 0, servers: int = 1,
+    def from_settings(cls, folder: Optional[str], place: ServerPlace = OnlyServer(),
                       needs: int = 0) -> Optional["Checkpoints"]:
         """``HVD_DCASGD_CHECKPOINT_DIR`` (or ``folder``) and
         ``HVD_DCASGD_CHECKPOINT_INTERVAL``; ``None`` when no folder is set.
-        With several servers, server ``shard``'s subfolder.  A folder that
-        holds the checkpoints of another number of servers is refused: they
-        could not be resumed from, and starting afresh would lose them."""
+        The server's own subfolder where its place has one (one of several
+        servers).  A folder that holds the checkpoints of another number of
+        servers is refused: they could not be resumed from, and starting
+        afresh would lose them."""
         folder = resolve("HVD_DCASGD_CHECKPOINT_DIR", folder)
         if not folder:
             return None
         interval = resolve("HVD_DCASGD_CHECKPOINT_INTERVAL")
         top = Path(folder)
-        mine = f"server-{shard}-of-{servers}" if servers > 1 else None
-        others = sorted(p.name for p in top.glob("server-*-of-*") if not p.name.endswith(f"-of-{servers}"))
-        if top.is_dir() and servers > 1 and any(_NAME.match(p.name) for p in top.iterdir()):
+        mine = place.checkpoint_folder
+        others = sorted(p.name for p in top.glob("server-*-of-*") if not p.name.endswith(f"-of-{place.count}"))
+        if top.is_dir() and mine is not None and any(_NAME.match(p.name) for p in top.iterdir()):
             others.insert(0, "checkpoints of one server")
         if others:
             raise HvdDcasgdError(f"hvd_dcasgd: the checkpoint folder {folder} holds {others[0]}, written by a job "
-                                 f"with another number of servers; this one has {servers} (resume with the same "
-                                 "number, or use another HVD_DCASGD_CHECKPOINT_DIR)")
-        if servers > 1:  # a job of one server locks the folder itself
+                                 f"with another number of servers; this one has {place.count} (resume with the "
+                                 "same number, or use another HVD_DCASGD_CHECKPOINT_DIR)")
+        if mine is not None:  # a job of one server locks the folder itself
             lock = FolderLock(top / LOCK)
             holder = lock.holder()
             if holder is not None and (not holder or not lock.stale(holder)):
@@ -305,14 +307,16 @@ def _survey(checkpoints: Checkpoints) -> List[Tuple[int, Optional[str], Optional
     return found
 
 
-def open_checkpoints(folder: Optional[str], shard: int = 0, servers: int = 1, comm: Any = None,
+def open_checkpoints(folder: Optional[str], place: ServerPlace = OnlyServer(),
+                     gather: Callable[[Any], List[Any]] = lambda mine: [mine],
                      needs: int = 0) -> Tuple[Optional[Checkpoints], Optional[Tuple[Path, Dict[str, Any]]],
                                               Optional[int]]:
     """Open this server's checkpoint folder (:meth:`Checkpoints.from_settings`)
     and choose what to resume from: (checkpoints, (path, content) or
-    ``None``, the cut's number with several servers).  Collective over
-    ``comm``, the servers' communicator, with several servers: no server
-    loads anything before all of them agree.
+    ``None``, the checkpoint's number: with several servers, the cut's).
+    ``gather(mine)`` is every server's ``mine``, in the servers' order
+    (collective among them: no server loads anything before all of them
+    agree).
 
     The choice is the newest checkpoint (cut) that every server holds, of
     the same run, with the same pushes taken of every worker, and whole:
@@ -323,11 +327,10 @@ def open_checkpoints(folder: Optional[str], shard: int = 0, servers: int = 1, co
     all, the servers start a new run."""
     problem, checkpoints = None, None
     try:
-        checkpoints = Checkpoints.from_settings(folder, shard, servers, needs)
+        checkpoints = Checkpoints.from_settings(folder, place, needs)
     except HvdDcasgdError as exc:
         problem = str(exc)
     survey = _survey(checkpoints) if checkpoints is not None else None
-    gather = comm.allgather if servers > 1 else (lambda mine: [mine])
     everyone = gather((problem, survey, uuid.uuid4().hex))
     if problem is not None:
         raise HvdDcasgdError(problem)
@@ -338,12 +341,12 @@ def open_checkpoints(folder: Optional[str], shard: int = 0, servers: int = 1, co
         return None, None, None
     surveys = [theirs for _, theirs, _ in everyone]
     numbers = sorted(set.intersection(*(set(n for n, _, _ in s) for s in surveys)), reverse=True)
-    where = "" if servers == 1 else f"server {shard}'s "
+    where = place.owner
     chosen, found = None, None
     for number in numbers:
         views = [next(v for v in s if v[0] == number) for s in surveys]
         if any(v[1:] != views[0][1:] for v in views):
-            if shard == 0:
+            if place.speaks_for_all:
                 log.warning(f"hvd_dcasgd: the servers' checkpoints of cut {number} in {checkpoints.top} are not of "
                             f"one cut (runs {[v[1] for v in views]}, pushes per worker {[v[2] for v in views]}): "
                             "skipped")
@@ -357,18 +360,18 @@ def open_checkpoints(folder: Optional[str], shard: int = 0, servers: int = 1, co
         if all(gather(found is not None)):
             chosen = number
             break
-        if found is not None and shard == 0:
+        if found is not None and place.speaks_for_all:
             log.warning(f"hvd_dcasgd: cut {number} is damaged on another server: skipped")
         found = None
     if chosen is None and any(surveys):
         held = {s: [n for n, _, _ in survey] for s, survey in enumerate(surveys)}
         raise HvdDcasgdError(
             f"hvd_dcasgd: none of the checkpoints in {checkpoints.top} can be resumed from"
-            + (f" ({held[0]})" if servers == 1 else f" together (the servers hold {held})")
+            + (f" ({held[0]})" if len(held) == 1 else f" together (the servers hold {held})")
             + "; move them away, or use another HVD_DCASGD_CHECKPOINT_DIR, to start afresh")
     for number, path in checkpoints.paths():
         if chosen is not None and number > chosen:
             checkpoints.set_aside(path, f"is newer than the {where}checkpoint resumed from "
                                         f"({found[0].name}): never mixed with this run's")
     checkpoints.run = (found[1].get("run") if found is not None else None) or everyone[0][2]
-    return checkpoints, found, (chosen if servers > 1 else None)
+    return checkpoints, found, chosen

@@ -28,7 +28,7 @@ servers.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -41,6 +41,7 @@ from ..common.tensors import broadcast_
 from ..observability.telemetry import Telemetry, truncate_trace
 from ..protocol.layout import ModelLayout
 from ..protocol.stall import stall_timeout_seconds
+from ..runtime.place import OneOfServers, OnlyServer, ServerPlace
 from .checkpoints import Checkpoints, open_checkpoints
 from .cuts import Cuts
 
@@ -64,6 +65,8 @@ class Coordination:
 
     #: Seconds after which this server drops a silent worker itself (``None``: never).
     stall_timeout: Optional[float] = None
+    #: This server's place among the job's servers.
+    place: ServerPlace
 
     def __init__(self, checkpoints: Optional[Checkpoints] = None):
         self.checkpoints = checkpoints
@@ -105,7 +108,7 @@ class Coordination:
         trained parameters and the rest of the model's state)."""
         return layout, optimizer
 
-    def open_checkpoints(self, folder: Optional[str], shard: int, needs: int) -> Optional[Tuple[Any, Any]]:
+    def open_checkpoints(self, folder: Optional[str], needs: int) -> Optional[Tuple[Any, Any]]:
         """Open this server's checkpoint folder (kept as :attr:`checkpoints`)
         and return the checkpoint to resume from (path, content), or ``None``
         (:func:`.checkpoints.open_checkpoints`: the newest whole one; with
@@ -140,6 +143,7 @@ class OneServer(Coordination):
 
     def __init__(self, checkpoints: Optional[Checkpoints] = None):
         super().__init__(checkpoints)
+        self.place = OnlyServer()
         self.stall_timeout = stall_timeout_seconds()
 
     def stops_now(self, asked: bool) -> bool:
@@ -150,13 +154,13 @@ class OneServer(Coordination):
             return Checkpoint()
         return None
 
-    def open_checkpoints(self, folder: Optional[str], shard: int, needs: int) -> Optional[Tuple[Any, Any]]:
-        self.checkpoints, found, _ = open_checkpoints(folder, needs=needs)
+    def open_checkpoints(self, folder: Optional[str], needs: int) -> Optional[Tuple[Any, Any]]:
+        self.checkpoints, found, _ = open_checkpoints(folder, self.place, needs=needs)
         return found
 
     def open_trace(self, num_workers: int, path: Optional[str], slice_: Tuple[int, int],
                    resume_from: Optional[int]) -> Telemetry:
-        return Telemetry(num_workers, path, resume_from=resume_from)
+        return Telemetry(num_workers, path, resume_from=resume_from, place=self.place)
 
     def report(self, telemetry: Telemetry) -> None:
         super().report(telemetry)
@@ -179,6 +183,7 @@ class SeveralServers(Coordination):
     def __init__(self, mpi: Any, servers: Any, checkpoints: Optional[Checkpoints] = None):
         super().__init__(checkpoints)
         self.servers = servers
+        self.place = OneOfServers(servers.Get_rank(), servers.Get_size())
         self.cuts = Cuts(mpi, servers)
         self.first = self.cuts.first
         self.stall_timeout = stall_timeout_seconds() if self.first else None  # the first drops, for every server
@@ -241,10 +246,10 @@ class SeveralServers(Coordination):
         served_layout, pieces = shard_layout(layout, *slice_)
         return served_layout, shard_optimizer(optimizer, layout, pieces)
 
-    def open_checkpoints(self, folder: Optional[str], shard: int, needs: int) -> Optional[Tuple[Any, Any]]:
+    def open_checkpoints(self, folder: Optional[str], needs: int) -> Optional[Tuple[Any, Any]]:
         """Collective among the servers: they agree on the cut before any
         loads; :attr:`.cuts.Cuts.number` counts on from it."""
-        self.checkpoints, found, number = open_checkpoints(folder, shard, self.servers.Get_size(), self.servers, needs)
+        self.checkpoints, found, number = open_checkpoints(folder, self.place, self.servers.allgather, needs)
         if number is not None:
             self.cuts.number = number
         return found
@@ -263,7 +268,7 @@ class SeveralServers(Coordination):
         self.servers.Barrier()
         start, end = slice_
         return Telemetry(num_workers, path, resume_from=resume_from,
-                         shard=(self.servers.Get_rank(), start, end - start))
+                         place=replace(self.place, offset=start, numel=end - start))
 
     def last_checkpoint_number(self) -> Optional[int]:
         return self.cuts.number + 1  # one more cut: everything applied everywhere

@@ -69,7 +69,7 @@ class _ServerOpening:
         """This server's checkpoint folder and the checkpoint to resume from
         (with several servers, the newest cut every server holds)."""
         needs = estimate_bytes(self.layout.numel, self.layout.dtype, self.rt.num_workers, self.untrained_state)
-        self.found = self.coordination.open_checkpoints(self.checkpoint_dir, self.rt.shard, needs)
+        self.found = self.coordination.open_checkpoints(self.checkpoint_dir, needs)
 
     def open_windows(self, shard: int, comm: Any) -> None:
         telemetry = self.coordination.open_trace(self.rt.num_workers, self.trace_path, self.slice,

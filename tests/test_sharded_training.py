@@ -116,6 +116,19 @@ def test_restores_and_optimizer_state_on_several_servers_are_those_of_one(tmp_pa
     assert saved[1]["optimizer"]["param_groups"] == saved[0]["optimizer"]["param_groups"]
 
 
+def _wait_until_every_worker_pushed(trace, timeout=120.0):
+    """Until the servers' trace holds a push of every worker (a job signalled before a worker's first push
+    resumes that worker at its step 0)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = trace.read_text().splitlines() if trace.exists() else []
+        seen = {json.loads(line).get("worker") for line in lines[:-1]}  # the last line may be half written
+        if set(range(WORKERS)) <= seen:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"not every worker pushed within {timeout:g} s")
+
+
 @pytest.mark.parametrize("servers, signals, gap, mca", [
     (2, (signal.SIGTERM,), 0.0, ()),
     (3, (signal.SIGTERM,), 0.0, ()),
@@ -131,7 +144,7 @@ def test_stop_signals_stop_every_server_at_one_cut_and_the_same_command_resumes_
            "HVD_DCASGD_SERVERS": str(servers)}
     job = Job(tmp_path, *TRAINING, env=env, servers=servers, mca=mca)
     job.wait_for("starts at step 0", WORKERS)
-    time.sleep(0.5)
+    _wait_until_every_worker_pushed(tmp_path / "trace")  # so that each resumes past its step 0, however busy the machine
     for number in signals:
         job.signal_ranks(number)
         time.sleep(gap)

@@ -93,6 +93,7 @@ class Variable:
     parse: Callable[[str], Any] = _text
     where: str = "package"  # "package" (every rank reads it) or "scripts" (slurm/ and .ci/ scripts)
     default: Any = None  # the value when neither the environment nor the script sets it (None: unset)
+    shown: Optional[str] = None  # the docs' default where it is not one value (the method's, the scripts')
 
 
 VARIABLES: Dict[str, Variable] = {v.name: v for v in (
@@ -107,8 +108,8 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_LR_SCALING", "horovod (a worker's rate is for the average of size() gradients: applied "
              "at lr / size() per asynchronous gradient) or none (as given); overrides "
              "DistributedOptimizer(lr_scaling=...)", _choice("horovod", "none"), default='horovod'),
-    Variable("HVD_DCASGD_LAMBDA", "DC-ASGD's lambda_0 (constant and adaptive; by default 0.04 for constant, 2 for "
-             "adaptive); overrides DistributedOptimizer(lambda_0=...)", _non_negative_number),
+    Variable("HVD_DCASGD_LAMBDA", "DC-ASGD's lambda_0 (constant and adaptive); overrides "
+             "DistributedOptimizer(lambda_0=...)", _non_negative_number, shown="0.04 (constant), 2 (adaptive)"),
     Variable("HVD_DCASGD_BOUND", "DC-ASGD's bound on its correction, element by element, as a multiple of the "
              "gradient (constant and adaptive): 1 keeps the correction no larger than the gradient, so it never "
              "reverses it; inf is the paper's unbounded rule; overrides DistributedOptimizer(bound=...)",
@@ -136,14 +137,15 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              _non_negative_number, default=30.0),
     Variable("HVD_DCASGD_CHECKPOINT_DIR", "a folder: the server writes checkpoints of the whole training state there "
              "(the last two kept) and a job started again with the same folder resumes from the newest; overrides "
-             "DistributedOptimizer(checkpoint_dir=...)"),
+             "DistributedOptimizer(checkpoint_dir=...)", shown="none: no checkpoints"),
     Variable("HVD_DCASGD_CHECKPOINT_INTERVAL", "seconds between the server's checkpoints (0: only when "
              "the job is preempted and at the end)", _non_negative_number, default=600.0),
-    Variable("HVD_DCASGD_TRACE", "a path: the server writes one JSON line per applied gradient"),
+    Variable("HVD_DCASGD_TRACE", "a path: the server writes one JSON line per applied gradient", shown="none: no trace"),
     Variable("HVD_DCASGD_METRICS", "a folder: the server writes its scalars (rates, staleness, each worker's "
              "pushes/s and silence, refused pushes, apply and checkpoint times, the compensation's size) there "
              "every HVD_DCASGD_METRICS_INTERVAL seconds, as TensorBoard event files (a CSV without the tensorboard "
-             "package); docs/USAGE.md describes each; overrides DistributedOptimizer(metrics_dir=...)"),
+             "package); docs/USAGE.md describes each; overrides DistributedOptimizer(metrics_dir=...)",
+             shown="none: no metrics"),
     Variable("HVD_DCASGD_METRICS_INTERVAL", "seconds between two writes of the metrics", _positive_number,
              default=10.0),
     Variable("HVD_DCASGD_PROGRESS", "seconds between the server's progress lines (updates, rate, staleness, the "
@@ -151,7 +153,8 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_LOG_LEVEL", "the level of the package's messages (logger hvd_dcasgd): debug, info, "
              "warning, error or critical; unset, a level the script set on the logger stays",
              _choice("debug", "info", "warning", "error", "critical"), default="info"),
-    Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON"),
+    Variable("HVD_DCASGD_SUMMARY", "a path: the server writes its end-of-run summary there as JSON",
+             shown="none: logged only"),
     Variable("HVD_DCASGD_FUSION_THRESHOLD", "the most bytes of gradient in one bucket a worker sends during "
              "backward, as soon as backward has finished it (64 MiB, as Horovod's "
              "HOROVOD_FUSION_THRESHOLD); 0: the whole gradient goes with step(), after backward; overrides "
@@ -159,26 +162,31 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              default=64 << 20),
     Variable("HVD_DCASGD_SERVERS", "how many server ranks: world ranks 0..S-1 serve one slice of the "
              "parameters each, the rest are workers; overrides init(servers=...)", _positive_integer, default=1),
-    Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device (default: CUDA when it has one, else the CPU)"),
+    Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device", shown="CUDA when it has one, else the CPU"),
     Variable("HVD_DCASGD_HOROVOD", "auto, 0 or 1: start Horovod among the workers", _choice("auto", "0", "1"), default='auto'),
     Variable("HVD_DCASGD_THREAD_LEVEL", "the MPI thread level mpi4py asks for (auto: multiple when Horovod "
              "starts on the workers, else serialized)", _choice("auto", "single", "funneled", "serialized", "multiple"),
              default="auto"),
     Variable("HVD_DCASGD_NATIVE", "0 turns the C kernel off (1 builds it)", _choice("0", "1"), default='1'),
     Variable("HVD_DCASGD_CACHE", "where the C kernel is built", default="~/.cache/hvd_dcasgd"),
-    Variable("HVD_DCASGD_WITHOUT_HOROVOD", "1: .ci/setup.sh does not build Horovod", _choice("0", "1"), "scripts"),
+    Variable("HVD_DCASGD_WITHOUT_HOROVOD", "1: .ci/setup.sh does not build Horovod", _choice("0", "1"), "scripts",
+             shown="0"),
     Variable("HVD_DCASGD_LAUNCHER", "srun or mpirun: how the SLURM batch scripts start the ranks",
-             _choice("srun", "mpirun"), "scripts"),
-    Variable("HVD_DCASGD_REPO", "the checkout the SLURM batch scripts run from", where="scripts"),
-    Variable("HVD_DCASGD_VENV", "the virtual environment the SLURM batch scripts use", where="scripts"),
-    Variable("HVD_DCASGD_SLURM_DIR", "where slurm/local_cluster.sh keeps its cluster", where="scripts"),
-    Variable("HVD_DCASGD_SLURM_CPUS", "the CPUs slurm/local_cluster.sh gives its node", _positive_integer, "scripts"),
+             _choice("srun", "mpirun"), "scripts", shown="srun"),
+    Variable("HVD_DCASGD_REPO", "the checkout the SLURM batch scripts run from", where="scripts",
+             shown="the submit directory"),
+    Variable("HVD_DCASGD_VENV", "the virtual environment the SLURM batch scripts use", where="scripts",
+             shown="REPO/.venv"),
+    Variable("HVD_DCASGD_SLURM_DIR", "where slurm/local_cluster.sh keeps its cluster", where="scripts",
+             shown="/tmp/hvd_dcasgd_slurm"),
+    Variable("HVD_DCASGD_SLURM_CPUS", "the CPUs slurm/local_cluster.sh gives its node", _positive_integer, "scripts",
+             shown="8"),
     Variable("HVD_DCASGD_HOSTS_DIR", "where tests/cluster/hosts.sh keeps its emulated hosts' keys, state and logs",
-             where="scripts"),
+             where="scripts", shown="/tmp/hvd_dcasgd_hosts"),
     Variable("HVD_DCASGD_HOSTS_PREFIX", "the prefix of the network namespaces of tests/cluster/hosts.sh",
-             where="scripts"),
+             where="scripts", shown="hvd24"),
     Variable("HVD_DCASGD_HOSTS_NET", "the first three numbers of the emulated hosts' private addresses (a /24)",
-             where="scripts"),
+             where="scripts", shown="10.213.24"),
 )}
 
 
@@ -266,6 +274,10 @@ def check_environment(environ: Optional[Mapping[str, str]] = None) -> List[str]:
 
 def table(where: Sequence[str] = ("package", "scripts")) -> str:
     """The variables as a Markdown table (the docs' reference is generated from it)."""
-    rows = [f"| `{v.name}` | {v.meaning} | {'' if v.default is None else f'`{v.default:g}`' if isinstance(v.default, float) else f'`{v.default}`'} |"
-            for v in VARIABLES.values() if v.where in where]
+    def shown(v: Variable) -> str:
+        if v.default is None:
+            return v.shown or ""
+        return f"`{v.default:g}`" if isinstance(v.default, float) else f"`{v.default}`"
+
+    rows = [f"| `{v.name}` | {v.meaning} | {shown(v)} |" for v in VARIABLES.values() if v.where in where]
     return "\n".join(["| variable | meaning | default |", "|---|---|---|", *rows])

@@ -6,7 +6,7 @@ dependencies, and count only where the docstring names them."""
 import ast
 import re
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from helpers import ROOT
 
@@ -69,6 +69,35 @@ def _imports(path: Path, package: Path = PACKAGE) -> List[Tuple[str, str, bool, 
     return found
 
 
+def _circle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
+    """A path that comes back to where it started in ``graph`` (node -> the nodes it imports), or ``None``."""
+    state: Dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: List[str]) -> Optional[List[str]]:
+        if state.get(node) == 1:
+            return path + [node]
+        if state.get(node) == 2:
+            return None
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            found = visit(nxt, path + [node])
+            if found:
+                return found
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        found = visit(start, [])
+        if found:
+            return found
+    return None
+
+
+def test_a_circle_is_found():
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b"}, "b": set(), "c": {"b"}}) is None
+
+
 def test_the_top_level_holds_only_subpackages():
     flat = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
     assert flat == [], f"modules outside a subpackage: {flat}"
@@ -90,19 +119,7 @@ def test_each_subpackage_imports_only_what_its_docstring_allows():
 
 def test_the_declared_floors_have_no_circle():
     graph = {sub: _declared(sub)[0] for sub in _subpackages()}
-    seen: Dict[str, int] = {}
-
-    def visit(node, path):
-        assert seen.get(node) != 1, f"a circle between subpackages: {' -> '.join(path + [node])}"
-        if seen.get(node) == 2:
-            return
-        seen[node] = 1
-        for nxt in graph[node]:
-            visit(nxt, path + [node])
-        seen[node] = 2
-
-    for sub in graph:
-        visit(sub, [])
+    assert _circle(graph) is None, f"a circle between subpackages: {' -> '.join(_circle(graph))}"
 
 
 def test_no_import_circle_between_modules():
@@ -113,19 +130,7 @@ def test_no_import_circle_between_modules():
             continue
         name = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
         graph[name] = {f"{t}.{m}" for t, m, annotation, top in _imports(path) if top and not annotation}
-    state: Dict[str, int] = {}
-
-    def visit(node, path):
-        assert state.get(node) != 1, f"an import circle: {' -> '.join(path + [node])}"
-        if state.get(node) == 2:
-            return
-        state[node] = 1
-        for nxt in sorted(graph.get(node, ())):
-            visit(nxt, path + [node])
-        state[node] = 2
-
-    for module in sorted(graph):
-        visit(module, [])
+    assert _circle(graph) is None, f"an import circle: {' -> '.join(_circle(graph))}"
     assert len(graph) >= 40
 
 

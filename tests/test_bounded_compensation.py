@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from hvd_dcasgd import Compensation, dcasgd_
-from hvd_dcasgd.algorithm import compensation as compensation_module
 from hvd_dcasgd.algorithm.pipelined import sgd_slice_
 from hvd_dcasgd.algorithm.server import _constants_read
 from hvd_dcasgd.algorithm.update import PATHS, _update
@@ -56,20 +55,10 @@ IMPLS = {"reference": dict(foreach=False, fused=False), "foreach": dict(foreach=
          "fused": dict(fused=True)}
 
 
-@pytest.fixture(params=["native", "torch-chunks"])
-def kernel(request, monkeypatch):
-    if request.param == "native":
-        assert native.library() is not None, "the C kernel must build here (cc and OpenMP are installed)"
-    else:
-        monkeypatch.setattr(native, "library", lambda: None)
-        monkeypatch.setattr(compensation_module, "FUSED_CHUNK", 1000)  # chunk edges inside the vector
-    return request.param
-
-
 @pytest.mark.parametrize("bound", [0.5, 1.0, math.inf])
 @pytest.mark.parametrize("adaptive", [False, True], ids=["constant", "adaptive"])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_every_implementation_is_the_oracle(kernel, impl, adaptive, bound):
+def test_every_implementation_is_the_oracle(fused_kernel, impl, adaptive, bound):
     g, w, w_bak, ms = case()
     lambda_0 = 2.0 if adaptive else 0.5
     expected, expected_ms = oracle(g.numpy(), w.numpy(), w_bak.numpy(), lambda_0, bound, ms.numpy() if adaptive else None)
@@ -87,12 +76,12 @@ def test_every_implementation_is_the_oracle(kernel, impl, adaptive, bound):
         # foreach multiplies in another order, and torch's vectorised 1/sqrt may differ in the last bit
         np.testing.assert_allclose(mine.numpy(), expected, rtol=1e-5, atol=1e-6)
     else:
-        assert np.array_equal(mine.numpy(), expected), f"{impl} ({kernel}) is the oracle bit for bit"
+        assert np.array_equal(mine.numpy(), expected), f"{impl} ({fused_kernel}) is the oracle bit for bit"
 
 
 @pytest.mark.parametrize("bound", [0.25, 1.0])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_the_correction_never_exceeds_the_bound_nor_reverses_the_gradient(kernel, impl, bound):
+def test_the_correction_never_exceeds_the_bound_nor_reverses_the_gradient(fused_kernel, impl, bound):
     g, w, w_bak, ms = case(seed=1, spread=30.0)
     mine = g.clone()
     dcasgd_([mine], [w], [w_bak], [ms.clone()], lambda_0=8.0, bound=bound, **IMPLS[impl])

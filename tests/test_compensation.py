@@ -101,17 +101,6 @@ def _random_case(sizes, seed, grad_dtype=torch.float32):
     return g, w, w_bak, ms
 
 
-@pytest.fixture(params=["native", "torch-chunks"])
-def fused_kernel(request, monkeypatch):
-    """Run fused tests with the C kernel and with the torch fallback."""
-    if request.param == "native":
-        assert native.library() is not None, "the C kernel must build here (cc and OpenMP are installed)"
-    else:
-        monkeypatch.setattr(native, "library", lambda: None)
-        monkeypatch.setattr(compensation_module, "FUSED_CHUNK", 1000)  # exercise chunk edges
-    return request.param
-
-
 @pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS[1:])
 @pytest.mark.parametrize("grad_dtype", [torch.float32, torch.float16])

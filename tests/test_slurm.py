@@ -40,7 +40,7 @@ STOPPED = {"cancelled": 5, "timed_out": 1, "requeued": 5}
 #: What they train: 2 workers, 0.1 s a step, until stopped; resumed, 20 steps more each.
 STOPPED_TRAINING = ["--steps", "100000", "--step-time", "0.1", "--resumed-steps", "20", "--compensation", "adaptive",
                     "--momentum", "0.9"]
-ACCURACY = re.compile(r"final test accuracy (\d\.\d+) \(compensation \w+, (\d+) workers")
+ACCURACY = re.compile(r"final test accuracy (\d\.\d+) \(compensation \w+[^)]*?, (\d+) workers")
 
 
 def _command(cmd, env, timeout):

@@ -43,6 +43,12 @@ STOPPED_TRAINING = ["--steps", "100000", "--step-time", "0.1", "--resumed-steps"
 ACCURACY = re.compile(r"final test accuracy (\d\.\d+) \(compensation \w+[^)]*?, (\d+) workers")
 
 
+# SLURM's controller answers slowly when the machine is loaded (as CI's two
+# cores are, with every job of this module running): a control command gets
+# this long before it counts as hung.
+CONTROL_TIMEOUT = 90
+
+
 def _command(cmd, env, timeout):
     """Run ``cmd`` in its own process group, killed as a whole on timeout
     (``None`` then); the result otherwise."""
@@ -117,7 +123,7 @@ def _read(output):
 
 
 def _job_fields(job_id, env):
-    result = _command(["scontrol", "show", "job", "--oneliner", job_id], env, timeout=20)
+    result = _command(["scontrol", "show", "job", "--oneliner", job_id], env, timeout=CONTROL_TIMEOUT)
     if result is None or result.returncode != 0:
         return {}
     return dict(re.findall(r"(\w+)=(\S*)", result.stdout))
@@ -133,7 +139,7 @@ def finished(name, jobs, env):
         if fields.get("JobState") in FINAL_STATES:
             return fields["JobState"], fields.get("ExitCode"), _read(output)
         time.sleep(1)
-    _command(["scancel", job_id], env, timeout=20)
+    _command(["scancel", job_id], env, timeout=CONTROL_TIMEOUT)
     pytest.fail(f"SLURM job {job_id} ({name}) still {fields.get('JobState', 'unknown')} after "
                 f"{JOB_DEADLINE} s: cancelled\n{_read(output)[-4000:]}")
 
@@ -144,7 +150,7 @@ def _wait_for(text, name, jobs, env):
         if text in _read(output):
             return
         time.sleep(0.5)
-    _command(["scancel", job_id], env, timeout=20)
+    _command(["scancel", job_id], env, timeout=CONTROL_TIMEOUT)
     pytest.fail(f"SLURM job {job_id} ({name}) never printed {text!r}: cancelled\n{_read(output)[-4000:]}")
 
 
@@ -167,13 +173,13 @@ def released(name, jobs, env):
             return  # SLURM's hold is over: it started the job again itself
         if fields.get("JobState") == "PENDING":
             time.sleep(REQUEUE_PAUSE)
-            started = _command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env, timeout=20)
+            started = _command(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], env, timeout=CONTROL_TIMEOUT)
             if started is not None and started.returncode != 0 and _job_fields(job_id, env).get("JobState") != "PENDING":
                 return  # its hold ended meanwhile: it started
             assert started is not None and started.returncode == 0, started and started.stdout
             return
         time.sleep(0.5)
-    _command(["scancel", job_id], env, timeout=20)
+    _command(["scancel", job_id], env, timeout=CONTROL_TIMEOUT)
     pytest.fail(f"SLURM job {job_id} ({name}) was never requeued: cancelled\n{_read(output)[-4000:]}")
 
 
@@ -228,7 +234,7 @@ def test_a_plain_scancel_stops_with_a_checkpoint_and_the_job_submitted_again_res
     out = output.parent / "cancelled"
     _wait_for("worker 1 starts at step 0", "cancelled", jobs, slurm_env)
     time.sleep(1)
-    cancelled = _command(["scancel", job_id], slurm_env, timeout=20)
+    cancelled = _command(["scancel", job_id], slurm_env, timeout=CONTROL_TIMEOUT)
     assert cancelled is not None and cancelled.returncode == 0, cancelled and cancelled.stdout
     state, _, text = finished("cancelled", jobs, slurm_env)
     assert state == "CANCELLED", text[-4000:]
@@ -247,7 +253,7 @@ def test_scontrol_requeue_stops_with_a_checkpoint_and_the_requeued_job_resumes_e
     out = output.parent / "requeued"
     _wait_for("worker 1 starts at step 0", "requeued", jobs, slurm_env)
     time.sleep(1)
-    requeued = _command(["scontrol", "requeue", job_id], slurm_env, timeout=20)
+    requeued = _command(["scontrol", "requeue", job_id], slurm_env, timeout=CONTROL_TIMEOUT)
     assert requeued is not None and requeued.returncode == 0, requeued and requeued.stdout
     released("requeued", jobs, slurm_env)
     stopped = stopped_and_saved(_read(output), out)
@@ -265,7 +271,7 @@ def test_a_job_stopped_by_slurms_advance_signal_is_requeued_and_resumes(jobs, sl
     job_id, output, _ = jobs["preempted"]
     _wait_for("worker 1 starts at step 0", "preempted", jobs, slurm_env)
     time.sleep(2)
-    signalled = _command(["scancel", "--batch", "--signal=USR1", job_id], slurm_env, timeout=20)
+    signalled = _command(["scancel", "--batch", "--signal=USR1", job_id], slurm_env, timeout=CONTROL_TIMEOUT)
     assert signalled is not None and signalled.returncode == 0, signalled and signalled.stdout
     _wait_for(f"requeueing job {job_id}", "preempted", jobs, slurm_env)
     released("preempted", jobs, slurm_env)

@@ -25,6 +25,7 @@ from ..common.errors import HvdDcasgdError, HvdDcasgdValueError
 from ..protocol.layout import ModelLayout
 from ..runtime.exits import rendezvous
 from ..runtime.horovod import require_horovod
+from ..runtime.place import place_of
 from ..runtime.roles import LOCAL, SERVER, WORKER, Runtime, runtime
 from ..serving.session import HorovodSession, idle_server, run_server, start_worker
 from .compression import Compression, Compressor
@@ -44,9 +45,8 @@ def _server_device(rt: Runtime, requested: Optional[str]) -> torch.device:
         return torch.device(requested)
     if not torch.cuda.is_available():
         return torch.device("cpu")
-    if rt.servers > 1:
-        return torch.device("cuda", rt.local_rank % torch.cuda.device_count())
-    return torch.device("cuda", torch.cuda.current_device())
+    place = place_of(rt.shard, rt.servers)
+    return torch.device("cuda", place.gpu(rt.local_rank, torch.cuda.device_count(), torch.cuda.current_device()))
 
 
 def DistributedOptimizer(
@@ -216,8 +216,6 @@ def _slices(rt: Runtime, optimizer: torch.optim.Optimizer, layout: ModelLayout) 
     """Each server's slice of the flat parameter vector, the same on every
     rank (split inside a parameter only for an element-wise optimizer); what
     several servers cannot do yet is refused on every rank alike."""
-    if rt.role == LOCAL or rt.servers == 1:
-        return [(0, layout.numel)]
     try:
         check_shardable(optimizer, rt.servers)
         return partition(layout.offsets, rt.servers, whole_tensors=not is_elementwise(optimizer))

@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional
 from ..common.errors import HvdDcasgdError
 from ..common.log import get_logger
 from ..common.tags import DEPARTURE as DEPARTURE_TAG
+from .place import place_of
 
 log = get_logger("exits")
 
@@ -57,7 +58,7 @@ def rank_name(world_rank: int, servers: int = 1) -> str:
     where world ranks ``0..servers-1`` are the servers."""
     if world_rank >= servers:
         return f"rank {world_rank} (worker {world_rank - servers})"
-    return "rank 0 (the server)" if servers == 1 else f"rank {world_rank} (server {world_rank})"
+    return place_of(world_rank, servers).rank_name
 
 
 def abort_on_uncaught(previous: Callable, comm: Any, servers: int = 1) -> Callable:

@@ -1,8 +1,9 @@
 """Where a server stands among the job's servers, asked by whatever names,
 files or counts differ with their number, so that none of them branches on
 it: :class:`OnlyServer` (one server holds the whole model) and
-:class:`OneOfServers` (server ``index`` of ``count`` holds a slice).  The
-serving layer's coordination (``coordination_for``) makes the one it needs.
+:class:`OneOfServers` (server ``index`` of ``count`` holds a slice).
+:func:`place_of` is the one branch on their number here; the serving layer's
+coordination (``coordination_for``) makes the one it needs, with its slice.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-__all__ = ["OneOfServers", "OnlyServer", "ServerPlace"]
+__all__ = ["OneOfServers", "OnlyServer", "ServerPlace", "place_of"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,17 @@ class ServerPlace:
     @property
     def name(self) -> str:
         """How its messages name it."""
+        raise NotImplementedError
+
+    @property
+    def rank_name(self) -> str:
+        """How a sentence about the whole rank names it ("rank 0 (the server)")."""
+        raise NotImplementedError
+
+    def gpu(self, local_rank: int, device_count: int, current: int) -> int:
+        """The GPU it keeps the model on when none is asked for: ``current``
+        (the process's current device), or with several servers on a node the
+        one of its index among them (``local_rank``)."""
         raise NotImplementedError
 
     @property
@@ -72,10 +84,14 @@ class OnlyServer(ServerPlace):
     """The job's one server."""
 
     name = "hvd_dcasgd server"
+    rank_name = "rank 0 (the server)"
     owner = ""
     shares_the_trace = False
     metrics_folder = "server"
     checkpoint_folder = None
+
+    def gpu(self, local_rank: int, device_count: int, current: int) -> int:
+        return current
 
     def trace_tag(self) -> Dict[str, Any]:
         return {}
@@ -95,6 +111,13 @@ class OneOfServers(ServerPlace):
         return f"hvd_dcasgd server {self.index}"
 
     @property
+    def rank_name(self) -> str:
+        return f"rank {self.index} (server {self.index})"
+
+    def gpu(self, local_rank: int, device_count: int, current: int) -> int:
+        return local_rank % device_count
+
+    @property
     def owner(self) -> str:
         return f"server {self.index}'s "
 
@@ -111,3 +134,9 @@ class OneOfServers(ServerPlace):
     @property
     def checkpoint_folder(self) -> Optional[str]:
         return f"server-{self.index}-of-{self.count}"
+
+
+def place_of(index: int, count: int, offset: int = 0, numel: Optional[int] = None) -> ServerPlace:
+    """Server ``index``'s place among ``count`` servers (holding ``numel``
+    elements from ``offset``; ``None``: all)."""
+    return OnlyServer() if count == 1 else OneOfServers(index, count, offset, numel)

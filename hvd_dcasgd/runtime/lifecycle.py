@@ -80,6 +80,7 @@ class Lifecycle:
         self.signalled_at: Optional[float] = None  # when (``clock``)
         self.later_signals = 0  # signals noted after the first one
         self.stopped_at: Optional[int] = None  # on a server: the update from which pushes are answered "stop"
+        self.at_exit: Optional[Callable[[], None]] = None  # what is left for the process's exit (see finish)
 
     def move(self, phase: Phase) -> None:
         """Move to ``phase`` (staying is allowed); a move backwards is a bug, said in a sentence."""
@@ -136,5 +137,14 @@ class Lifecycle:
         """The final exchange begins (every worker has left)."""
         self.move(Phase.ENDING)
 
-    def finish(self) -> None:
+    def finish(self, at_exit: Optional[Callable[[], None]] = None) -> None:
+        """Nothing collective is left.  ``at_exit``: what this rank must still
+        do once its script has ended (after a worker was dropped: end the job
+        with the others, :func:`hvd_dcasgd.serving.transitions.end_without_dropped`)."""
+        self.at_exit = at_exit
         self.move(Phase.FINISHED)
+
+    def exit(self) -> None:
+        """At the process's exit, after the script: what :meth:`finish` left to do."""
+        if self.at_exit is not None:
+            self.at_exit()

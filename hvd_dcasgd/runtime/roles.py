@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Protocol, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Protocol, Tuple
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +76,6 @@ class Runtime:
     join_counter: Any = None  # arrivals at join() when Horovod is not running
     cross: Any = None  # the workers with this worker's local rank, one per node (Horovod's cross_rank/size)
     joined: bool = False  # this rank reached the start of a training session with every other rank
-    ending: Optional[Callable[[], None]] = None  # how this rank must end at exit (a worker was dropped)
 
 
 _runtime: Optional[Runtime] = None
@@ -211,8 +210,7 @@ def _at_exit() -> None:
         exits.announce_departure(rt.world, "exited (sys.exit, an exception it caught, or the end of its script) "
                                            "before DistributedOptimizer")
     shutdown()
-    if rt.ending is not None:
-        rt.ending()
+    rt.lifecycle.exit()
 
 
 def runtime() -> Runtime:
@@ -234,7 +232,7 @@ def shutdown() -> None:
     if _runtime.session is not None:
         session, _runtime.session = _runtime.session, None
         session.finish()
-    if _runtime.join_counter is not None and _runtime.ending is None:  # collective with every worker
+    if _runtime.join_counter is not None and _runtime.lifecycle.at_exit is None:  # collective with every worker
         counter, _runtime.join_counter = _runtime.join_counter, None
         counter.free()
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -130,10 +130,11 @@ class Coordination:
         for line in telemetry.summary().splitlines():
             log.info(line)
 
-    def take_final_model(self, world: Callable[[], Any], model_params: List[torch.Tensor], dtype: torch.dtype,
-                         first_worker: int) -> None:
-        """After the final exchange: make ``model_params`` the whole model's
-        final weights (``world()``: every rank still there)."""
+    def whole_model_buffer(self, model_params: List[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+        """Where each server holds a slice: a buffer for the whole model's
+        final weights (:func:`.transitions.end` fills it); ``None`` where this
+        server holds the whole model already."""
+        return None
 
 
 class OneServer(Coordination):
@@ -286,17 +287,8 @@ class SeveralServers(Coordination):
             if path:
                 Telemetry.write(path, merged)
 
-    def take_final_model(self, world: Callable[[], Any], model_params: List[torch.Tensor], dtype: torch.dtype,
-                         first_worker: int) -> None:
-        """The whole model's final weights, from the first worker still there
-        (which put every server's slice together), into this server's model."""
-        full = torch.empty(sum(p.numel() for p in model_params), dtype=dtype)
-        broadcast_(world(), [full], root=first_worker)
-        offset = 0
-        with torch.no_grad():
-            for p in model_params:
-                p.data = full[offset:offset + p.numel()].view(p.shape).to(p.device)
-                offset += p.numel()
+    def whole_model_buffer(self, model_params: List[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+        return torch.empty(sum(p.numel() for p in model_params), dtype=dtype)
 
 
 def coordination_for(mpi: Any, servers: Any, count: int, checkpoints: Optional[Checkpoints]) -> Coordination:
@@ -324,8 +316,10 @@ class Slices:
         """The whole model's optimizer state from every server's."""
         return states[0]
 
-    def share_final_weights(self, world: Callable[[], Any], weights: torch.Tensor, first_worker: int) -> None:
-        """After the final exchanges: give every server the whole model (``world()``: every rank still there)."""
+    def whole_model(self, weights: torch.Tensor) -> Optional[torch.Tensor]:
+        """After the final exchanges: the whole model's weights to give every
+        server (``None``: the one server holds them)."""
+        return None
 
     def server_name(self, shard: int) -> Optional[str]:
         """How messages name server ``shard`` (``None``: by its rank, the default)."""
@@ -346,8 +340,8 @@ class SeveralSlices(Slices):
     def whole_state(self, states: List[Any]) -> Any:
         return merge_states(states, self.layout, self.pieces)
 
-    def share_final_weights(self, world: Callable[[], Any], weights: torch.Tensor, first_worker: int) -> None:
-        broadcast_(world(), [weights], root=first_worker)
+    def whole_model(self, weights: torch.Tensor) -> Optional[torch.Tensor]:
+        return weights
 
     def server_name(self, shard: int) -> Optional[str]:
         return f"server {shard} (MPI rank {shard})"

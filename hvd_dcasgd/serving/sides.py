@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -99,8 +99,15 @@ class ServerSession:
     def free(self, shard: int) -> None:
         self.server.free()
 
-    def final_model(self, world: Callable[[], Any]) -> None:
-        self.coordination.take_final_model(world, self.model_params, self.server.weights.dtype, self.rt.servers)
+    def whole_model(self) -> Optional[torch.Tensor]:
+        return self.coordination.whole_model_buffer(self.model_params, self.server.weights.dtype)
+
+    def took_whole_model(self, weights: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for p in self.model_params:
+                p.data = weights[offset:offset + p.numel()].view(p.shape).to(p.device)
+                offset += p.numel()
 
     def close(self, dropped: List[int], comms: List[Any]) -> None:
         server = self.server
@@ -142,6 +149,7 @@ class WorkerSession:
         self.untrained_tensors: List[torch.Tensor] = list(untrained_state.values())
         self.requests = [ControlRequests(rt.mpi, comm) for comm in comms]
         self.finished = False
+        self._states: List[Dict[str, Any]] = []  # each server's optimizer state, from the final exchanges
         self.pushes_before = pushes_before  # applied before this job started (a resumed job)
         self._told_servers = False  # this worker has asked the servers to stop
 
@@ -199,7 +207,6 @@ class WorkerSession:
         """Ending (:func:`.transitions.end`): leave, wait for the servers to
         close, the final exchange with each, the windows freed, the final
         weights and optimizer state."""
-        self._states: List[Dict[str, Any]] = []
         end(self.rt, self.comms, self)
 
     # --- this side's part in end() ---
@@ -230,17 +237,18 @@ class WorkerSession:
     def free(self, shard: int) -> None:
         self.worker.channels[shard].free()
 
-    def final_model(self, world: Callable[[], Any]) -> None:
-        self.slices.share_final_weights(world, self.worker.weights, self.rt.servers)
+    def whole_model(self) -> Optional[torch.Tensor]:
+        return self.slices.whole_model(self.worker.weights)
+
+    def took_whole_model(self, weights: torch.Tensor) -> None:
+        """Nothing: the weights are this worker's own (every worker put the same slices together)."""
 
     def close(self, dropped: List[int], comms: List[Any]) -> None:
         rt = self.rt
-        if dropped:
-            rt.ending = lambda: end_without_dropped(rt, comms[0], "")
         self.worker.load_weights()
         if not dropped:
             self.worker.optimizer.load_state_dict(self.slices.whole_state(self._states))
-        self.lifecycle.finish()
+        self.lifecycle.finish(at_exit=(lambda: end_without_dropped(rt, comms[0], "")) if dropped else None)
 
 
 class HorovodSession:

@@ -125,9 +125,13 @@ class Ending(Protocol):
     def free(self, shard: int) -> None:
         """Free server ``shard``'s windows (collective; not with a dropped worker, who cannot take part)."""
 
-    def final_model(self, world: Callable[[], Any]) -> None:
-        """The whole model's final weights on every rank still there (``world()``), where the servers hold
-        slices of it."""
+    def whole_model(self) -> Optional[torch.Tensor]:
+        """Where the servers hold slices of the model: the tensor the whole model's final weights travel in
+        (a worker's weights, which it put together from every slice; a server's empty buffer); ``None``
+        where one server holds it all."""
+
+    def took_whole_model(self, weights: torch.Tensor) -> None:
+        """The whole model's final weights have arrived in ``weights`` (:meth:`whole_model`'s)."""
 
     def close(self, dropped: List[int], comms: List[Any]) -> None:
         """The lifecycle's finish, and this side's last word: the server's report, a worker's final weights
@@ -150,7 +154,11 @@ def end(rt: Runtime, comms: Sequence[Any], side: Ending) -> None:
         side.exchanged(shard, final_exchange(comm, *side.final_tensors(shard)))
         if not dropped:  # with a dropped worker the windows cannot be freed (that is collective with it)
             side.free(shard)
-    side.final_model(lambda: survivors(rt, rt.world, dropped, rt.servers)[0] if dropped else rt.world)
+    whole = side.whole_model()
+    if whole is not None:  # from the first worker still there (the servers come first), to every rank
+        world = survivors(rt, rt.world, dropped, rt.servers)[0] if dropped else rt.world
+        broadcast_(world, [whole], root=rt.servers)
+        side.took_whole_model(whole)
     side.close(dropped, list(comms))
 
 

@@ -38,8 +38,9 @@ _EXPORTS: Dict[str, str] = {
                      "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built", "start_timeline",
                      "stop_timeline"], "api.basics"),
     "SyncBatchNorm": "api.sync_batch_norm",
-    **dict.fromkeys(["COMPENSATIONS", "MODES", "SCHEDULES", "Compensation", "CompensationRule", "dcasgd_",
-                     "register_compensation"], "algorithm.compensation"),
+    **dict.fromkeys(["COMPENSATIONS", "MODES", "CompensationRule", "register_compensation"], "algorithm.rules"),
+    **dict.fromkeys(["SCHEDULES", "Compensation"], "algorithm.compensation"),
+    "dcasgd_": "algorithm.dcasgd",
     "LR_SCALINGS": "algorithm.update",
     "Compression": "api.compression",
     **dict.fromkeys(["HvdDcasgdError", "HvdDcasgdValueError", "HvdDcasgdWarning"], "common.errors"),
@@ -57,8 +58,9 @@ __all__ = sorted([*_EXPORTS, *_SUBMODULES])
 
 
 if TYPE_CHECKING:  # what IDEs and type checkers see; at run time __getattr__ below loads each on first use
-    from .algorithm.compensation import (COMPENSATIONS, MODES, SCHEDULES, Compensation, CompensationRule, dcasgd_,
-                                         register_compensation)
+    from .algorithm.compensation import SCHEDULES, Compensation
+    from .algorithm.dcasgd import dcasgd_
+    from .algorithm.rules import COMPENSATIONS, MODES, CompensationRule, register_compensation
     from .algorithm.simulator import simulate
     from .algorithm.update import LR_SCALINGS
     from .api import collectives as functions

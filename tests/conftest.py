@@ -18,12 +18,12 @@ def horovod_required():
 def fused_kernel(request, monkeypatch):
     """Run fused tests with the C kernel and with its torch fallback (on chunks of 1000 elements, so that their
     edges fall inside the vectors)."""
-    from hvd_dcasgd.algorithm import compensation
+    from hvd_dcasgd.algorithm import dcasgd
     from hvd_dcasgd.common import native
 
     if request.param == "native":
         assert native.library() is not None, "the C kernel must build here (cc and OpenMP are installed)"
     else:
         monkeypatch.setattr(native, "library", lambda: None)
-        monkeypatch.setattr(compensation, "FUSED_CHUNK", 1000)
+        monkeypatch.setattr(dcasgd, "FUSED_CHUNK", 1000)
     return request.param

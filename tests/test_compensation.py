@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hvd_dcasgd import Compensation, dcasgd_
-from hvd_dcasgd.algorithm import compensation as compensation_module
+from hvd_dcasgd.algorithm import dcasgd as dcasgd_module
 from hvd_dcasgd.common import native
 from hvd_dcasgd.common.errors import HvdDcasgdError, HvdDcasgdValueError
 from hvd_dcasgd.protocol.layout import ModelLayout
@@ -118,7 +118,7 @@ def test_fast_implementations_match_reference(fused_kernel, adaptive, impl, grad
 
 def test_default_is_fused_for_contiguous_cpu(monkeypatch):
     calls = []
-    monkeypatch.setattr(compensation_module, "_fused_dcasgd", lambda *a, **k: calls.append("fused"))
+    monkeypatch.setattr(dcasgd_module, "_fused_dcasgd", lambda *a, **k: calls.append("fused"))
     dcasgd_([torch.ones(3)], [torch.ones(3)], [torch.ones(3)], None, lambda_0=0.04)
     assert calls == ["fused"]
 

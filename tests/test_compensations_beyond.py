@@ -8,9 +8,8 @@ from collections import Counter
 import pytest
 import torch
 
-from hvd_dcasgd.algorithm.compensation import (
-    COMPENSATIONS, GLOBAL, PER_GROUP, Compensation, CompensationRule, CompensationState, Push, register_compensation,
-)
+from hvd_dcasgd.algorithm.compensation import Compensation, CompensationState
+from hvd_dcasgd.algorithm.rules import COMPENSATIONS, GLOBAL, PER_GROUP, CompensationRule, Push, register_compensation
 from hvd_dcasgd.common.errors import HvdDcasgdValueError
 from hvd_dcasgd.algorithm.simulator import RoundRobin, simulate
 from hvd_dcasgd.algorithm.update import FOREACH, FUSED, REFERENCE, default_update_path, lr_factor

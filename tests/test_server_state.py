@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from hvd_dcasgd.algorithm.compensation import COMPENSATIONS, GLOBAL, Compensation, CompensationRule, register_compensation
+from hvd_dcasgd.algorithm.compensation import Compensation
+from hvd_dcasgd.algorithm.rules import COMPENSATIONS, GLOBAL, CompensationRule, register_compensation
 from hvd_dcasgd.common.errors import HvdDcasgdValueError
 from hvd_dcasgd.algorithm.update import FUSED_SGD, lr_factor
 

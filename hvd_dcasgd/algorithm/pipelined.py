@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..protocol.layout import trained_parameters
 from ..protocol.staging import Staging
-from .compensation import clamp_correction_
+from .dcasgd import clamp_correction_
 from .update import FlatMomentum, ServerUpdate, is_sgd
 
 

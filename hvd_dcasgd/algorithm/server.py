@@ -34,8 +34,9 @@ from ..observability.telemetry import Telemetry
 from ..protocol.channel import ServerChannel
 from ..protocol.layout import ModelLayout, PushMessage, flatten_into, trained_parameters
 from ..protocol.staging import Staging, choose_staging
-from .compensation import COMPENSATIONS, CONSTANTS, PER_GROUP, Compensation, Push
+from .compensation import CONSTANTS, Compensation
 from .pipelined import PipelinedUpdate, pipelined
+from .rules import COMPENSATIONS, PER_GROUP, Push
 from .update import ServerUpdate, lr_factor
 
 #: The version of :meth:`ParameterServer.state_dict`'s format.

@@ -4,7 +4,7 @@ Shaped like ``torch.optim.sgd``: :class:`ServerUpdate` is a thin class that
 gathers the state one update needs (the optimizer, its param groups as ranges
 of the flat buffers, the compensation and its state, the path chosen) and
 calls :func:`_update`, the one functional entry point (internal: the
-public functional API is the compensation's, :func:`.compensation.dcasgd_`),
+public functional API is the compensation's, :func:`.dcasgd.dcasgd_`),
 which dispatches to
 
 * ``reference``: the compensation's reference implementation (for the
@@ -33,7 +33,8 @@ from ..common.errors import HvdDcasgdError, HvdDcasgdValueError
 from ..common.tensors import snapshot
 from ..protocol.layout import ModelLayout, trained_parameters
 from ..common import native
-from .compensation import Compensation, CompensationState, Push
+from .compensation import Compensation, CompensationState
+from .rules import Push
 
 __all__ = ["FUSED", "FUSED_SGD", "FOREACH", "LR_SCALINGS", "PATHS", "REFERENCE", "ServerUpdate", "check_update_path",
            "default_update_path", "is_sgd", "lr_factor"]
@@ -182,7 +183,7 @@ def _update(
     ``momentum`` the flat momentum buffers of the ``fused_sgd`` path;
     ``staleness`` the updates applied since ``backup`` was sent (the
     compensation gets it, with ``lrs`` and ``group_ranges``, as a
-    :class:`~hvd_dcasgd.algorithm.compensation.Push`).
+    :class:`~hvd_dcasgd.algorithm.rules.Push`).
     """
     for group, lr in zip(optimizer.param_groups, lrs):
         group["lr"] = lr

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from ..algorithm.compensation import COMPENSATIONS, MODES, SCHEDULES
+from ..algorithm.compensation import SCHEDULES
+from ..algorithm.rules import COMPENSATIONS, MODES
 from ..common.config import resolve, setting
 from ..common.errors import HvdDcasgdValueError
 

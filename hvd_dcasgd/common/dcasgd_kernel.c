@@ -1,7 +1,7 @@
 /* The project's C kernels, each one pass over float32 arrays: the server's
  * DC-ASGD update (hvd_dcasgd_f32) and the worker's pack (hvd_pack_f32).
  *
- * The DC-ASGD update (see hvd_dcasgd/algorithm/compensation.py):
+ * The DC-ASGD update (see hvd_dcasgd/algorithm/dcasgd.py):
  *
  * For each element, with lambda_t = lambda_0, or, when mean_square is given,
  * MeanSquare = m * MeanSquare + (1 - m) * g * g and

@@ -150,6 +150,12 @@ def test_the_scaling_model_on_a_hand_computed_case_and_its_section(tmp_path):
     body = generate.sections(copy.read_text())["benchmarks/scaling.py"]
     assert "apply time per parameter per update, `none` with SGD, CPU server" in body, body
     assert "| 32 | 8 | 296 |" in body, body  # 32 workers of 100 ms + 8 ms of transfer each
+    # the committed section is the model's reading of the committed PERFORMANCE.md, not of an older one:
+    # everything but its first line (the command, the date and the machine) is what the script writes now
+    committed = generate.sections((ROOT / "docs" / "SCALING.md").read_text())["benchmarks/scaling.py"]
+    assert committed.splitlines()[1:] == body.splitlines()[1:], (
+        "docs/SCALING.md is stale against docs/PERFORMANCE.md: run python benchmarks/scaling.py --markdown "
+        "docs/SCALING.md")
 
 
 def test_the_comparison_of_two_commits_pairs_rounds_and_decides_on_a_tolerance():

@@ -117,3 +117,31 @@ def test_the_testing_page_names_every_test_file_and_program():
     unnamed = [p.name for p in [*(ROOT / "tests").glob("test_*.py"), *(ROOT / "tests" / "programs").glob("*.py")]
                if f"`{p.name}`" not in text]
     assert not unnamed, f"docs/TESTING.md does not say what these check: {', '.join(sorted(unnamed))}"
+
+
+def test_the_readmes_sample_output_is_generated_and_names_todays_defaults():
+    """The README's sample of ``bash .ci/example`` is the section
+    ``benchmarks/example_output.py`` writes from a real run, and it is not
+    stale: its final line names the default method's constants as the
+    package has them now (a changed default fails here until the sample is
+    written again)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from example_output import sample
+
+    from hvd_dcasgd import Compensation
+
+    body = generate.sections((ROOT / "README.md").read_text())["benchmarks/example_output.py"]
+    final = [line for line in body.splitlines() if line.startswith("final test accuracy")]
+    assert len(final) == 1, body
+    defaults = "".join(f", {name} {value:g}" for name, value in Compensation("adaptive").constants().items())
+    assert f"(compensation adaptive{defaults}, 4 workers," in final[0], (final[0], defaults)
+    # the sample keeps the epochs, the server's first three summary lines and the final line, cut to width
+    output = ("epoch 10: loss 0.1, mean worker test accuracy 0.9\nnoise\n"
+              "[rank 0] hvd_dcasgd server: 10 updates in 1.0 s (10.0 updates/s)\n"
+              "[rank 0] hvd_dcasgd server: staleness mean 2.0 max 3; histogram " + "1:2 " * 40 + "\n"
+              "[rank 0] hvd_dcasgd server: compensation ratio 0.1\n"
+              "[1,0]<stdout>:final test accuracy 0.9 (compensation none, 4 workers, 1.0 s)\n")
+    kept = sample(output)
+    assert [line[:20] for line in kept] == ["epoch 10: loss 0.1, ", "[rank 0] hvd_dcasgd ", "[rank 0] hvd_dcasgd ",
+                                            "final test accuracy "], kept
+    assert max(map(len, kept)) <= 118 and kept[2].endswith(" ..."), kept

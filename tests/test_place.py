@@ -40,4 +40,5 @@ def test_each_place_has_its_own_folders_and_trace_tags():
     assert (second.metrics_folder, second.checkpoint_folder, second.trace_tag(), second.trace_header()) == (
         "server-1", "server-1-of-2", {"shard": 1}, {"shard": 1, "offset": 8, "numel": 8})
     assert (only.first_worker_rank, second.first_worker_rank) == (1, 2)
+    assert (only.short_name, second.short_name) == ("server", "s1")
     assert only.speaks_for_all and not second.speaks_for_all

@@ -230,27 +230,27 @@ class ParameterServer:
             ratio = torch.linalg.vector_norm(compensated.sub_(g), 1).item() / size if size > 0 else math.nan
             return ratio if math.isfinite(ratio) else None
 
-    def apply_round(self, workers: Sequence[int]) -> None:
-        """Average one push from each of ``workers`` into one update (SSGD);
+    def apply_round(self, ready: Sequence[int]) -> None:
+        """Average one push from each of the ``ready`` workers into one update (SSGD);
         a refused push leaves the round to the others."""
-        workers = [m for m in workers if not self._skip_if_bad(m)]
-        if not workers:
+        ready = [m for m in ready if not self._skip_if_bad(m)]
+        if not ready:
             return
-        for i, m in enumerate(workers):
+        for i, m in enumerate(ready):
             self.telemetry.record(self.updates, m, self.staleness(m))
             gradient = self._wire_gradient(m)
             if i == 0:
                 self.grad.copy_(gradient)
             else:
                 self.grad.add_(gradient)
-        self.grad.div_(len(workers))
-        first = workers[0]
+        self.grad.div_(len(ready))
+        first = ready[0]
         start = time.perf_counter()
         self.update(self.grad, self.backups[first], first, self.messages[first].lrs.tolist(),
                     staleness=self.staleness(first))
         self.telemetry.apply_seconds += time.perf_counter() - start
         self.updates += 1
-        for m in workers:
+        for m in ready:
             if m != first:
                 self.backups[m].copy_(self.weights)
             self._fill_outbox(m)

@@ -15,7 +15,7 @@ from typing import IO, Any, Dict, List, Optional, Sequence
 
 from ..common.files import atomic_write
 from ..common.log import get_logger
-from ..runtime.place import OnlyServer, ServerPlace
+from ..runtime.place import OnlyServer, ServerPlace, place_of
 
 log = get_logger("telemetry")
 
@@ -171,9 +171,9 @@ class Telemetry:
     def describe_transport(t: Dict[str, Any]) -> str:
         """One line: the MPI, its one-sided component and thread level, and the hosts."""
         hosts: Dict[str, List[str]] = {}
-        servers = t["server_hosts"]
-        names = ["server"] if len(servers) == 1 else [f"s{s}" for s in range(len(servers))]
-        for host, rank in [*zip(servers, names), *((h, f"w{m}") for m, h in enumerate(t["worker_hosts"]))]:
+        server_hosts = t["server_hosts"]
+        names = [place_of(s, len(server_hosts)).short_name for s in range(len(server_hosts))]
+        for host, rank in [*zip(server_hosts, names), *((h, f"w{m}") for m, h in enumerate(t["worker_hosts"]))]:
             hosts.setdefault(host, []).append(rank)
         components = ", ".join(f"{name} {t[name]}" for name in ("osc", "pml", "btl") if name in t)
         placed = "; ".join(f"{host}: {' '.join(ranks)}" for host, ranks in hosts.items())

@@ -34,6 +34,11 @@ class ServerPlace:
         """How a sentence about the whole rank names it ("rank 0 (the server)")."""
         raise NotImplementedError
 
+    @property
+    def short_name(self) -> str:
+        """How a one-line list of the job's ranks names it ("server", "s1")."""
+        raise NotImplementedError
+
     def gpu(self, local_rank: int, device_count: int, current: int) -> int:
         """The GPU it keeps the model on when none is asked for: ``current``
         (the process's current device), or with several servers on a node the
@@ -85,6 +90,7 @@ class OnlyServer(ServerPlace):
 
     name = "hvd_dcasgd server"
     rank_name = "rank 0 (the server)"
+    short_name = "server"
     owner = ""
     shares_the_trace = False
     metrics_folder = "server"
@@ -113,6 +119,10 @@ class OneOfServers(ServerPlace):
     @property
     def rank_name(self) -> str:
         return f"rank {self.index} (server {self.index})"
+
+    @property
+    def short_name(self) -> str:
+        return f"s{self.index}"
 
     def gpu(self, local_rank: int, device_count: int, current: int) -> int:
         return local_rank % device_count

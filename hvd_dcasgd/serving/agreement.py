@@ -15,9 +15,9 @@ from ..runtime.roles import SERVER, Runtime
 from .messages import Description
 
 
-def _disagreements(server: Description, workers: List[Description]) -> List[str]:
+def _disagreements(server: Description, descriptions: List[Description]) -> List[str]:
     problems = []
-    for m, worker in enumerate(workers):
+    for m, worker in enumerate(descriptions):
         theirs, mine = worker.compensation, server.compensation
         if theirs["mode"] != mine["mode"]:
             problems.append(

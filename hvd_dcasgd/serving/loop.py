@@ -109,7 +109,6 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
     coordination = OneServer() if coordination is None else coordination
     lifecycle = Lifecycle() if lifecycle is None else lifecycle
     channel = server.channel
-    workers = range(channel.num_workers)
     synchronous = server.compensation.schedule == "sync"
     backoff = Backoff(max_sleep=1e-4)
     answered: List[int] = []
@@ -134,7 +133,7 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
         if stopped:  # nothing more is applied
             answered = ready
         elif synchronous:
-            active = [m for m in workers if not left[m]]
+            active = [m for m in range(channel.num_workers) if not left[m]]
             if active and all(m in ready for m in active):
                 server.apply_round(active)
                 answered = active

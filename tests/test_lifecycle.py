@@ -1,19 +1,30 @@
 """Lifecycle under the real mpirun: sync = sequential SGD, final weights on
-every rank, uneven workers, one-process runs, and bad launches failing fast."""
+every rank, uneven workers, one-process runs, and bad launches failing fast;
+in one process, a rank's :class:`Lifecycle` (its phases, the signals and the
+end at once that inform it) and the typed stops several servers send each
+other (:class:`.cuts.Cuts`)."""
 
 import json
+import os
+import pickle
 import re
 import signal
+import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from helpers import PROGRAMS, TCP, mpirun, python, run
+from helpers import PROGRAMS, ROOT, TCP, mpirun, python, run
 
 from hvd_dcasgd.common.errors import HvdDcasgdError
+from hvd_dcasgd.common.tags import CUT, STOP
+from hvd_dcasgd.runtime.exits import SERVER_SILENT
 from hvd_dcasgd.runtime.lifecycle import Lifecycle, Phase, Verdict
 from hvd_dcasgd.protocol.stall import StallWatch
+from hvd_dcasgd.serving.cuts import Cuts
+from hvd_dcasgd.serving.messages import CutOrder
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -360,3 +371,112 @@ def test_a_signal_past_the_grace_ends_the_process_at_once_with_a_sentence():
     assert f"noted {int(signal.SIGTERM)} 1" in result.stdout and "not reached" not in result.stdout, result.stdout
     assert ("hvd_dcasgd: rank 3 (worker 2) ends at once on SIGINT, which came HVD_DCASGD_STOP_GRACE seconds or more "
             "after the first stop signal") in result.stdout, result.stdout
+
+
+def test_the_end_at_once_says_its_sentence_and_ends_the_process_with_its_status():
+    """A watchdog thread informs the lifecycle while the main thread is
+    stuck (here in a wait that never ends, in a job inside MPI): the
+    lifecycle says the sentence on standard error and ends the process
+    with the status it was given, without running anything more."""
+    sentence = ("hvd_dcasgd: worker 2: the server (MPI rank 0) has not answered for 7 s "
+                "(HVD_DCASGD_STALL_TIMEOUT=5); ending the job.")
+    program = ("import atexit, threading\n"
+               "from hvd_dcasgd.runtime.lifecycle import Lifecycle\n"
+               "atexit.register(print, 'atexit ran', flush=True)\n"
+               "lifecycle = Lifecycle()\n"
+               f"threading.Thread(target=lifecycle.end_now, args=({sentence!r}, {SERVER_SILENT}), daemon=True).start()\n"
+               "threading.Event().wait(60)\n"
+               "print('not reached', flush=True)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, env=env,
+                            cwd=ROOT)
+    assert result.returncode == SERVER_SILENT, (result.stdout, result.stderr)
+    assert sentence in result.stderr, result.stderr
+    assert "not reached" not in result.stdout and "atexit ran" not in result.stdout, result.stdout
+
+
+class _Status:
+    source = None
+
+    def Get_source(self):
+        return self.source
+
+
+class _Servers:
+    """Several servers' communicator in one process: what a server sends
+    waits, pickled as mpi4py's ``send`` pickles it, until the one it is for
+    probes and receives it."""
+
+    ANY_SOURCE = -1
+
+    def __init__(self, size):
+        self.size, self.queued = size, []  # (source, dest, tag, pickled)
+        self.mpi = SimpleNamespace(ANY_SOURCE=self.ANY_SOURCE, Status=_Status)
+
+    def at(self, rank):
+        servers = self
+
+        class End:
+            def Get_rank(self):
+                return rank
+
+            def Get_size(self):
+                return servers.size
+
+            def send(self, message, dest, tag):
+                servers.queued.append((rank, dest, tag, pickle.dumps(message)))
+
+            def _first(self, source, tag):
+                return next((q for q in servers.queued if q[1] == rank and q[2] == tag
+                             and source in (q[0], servers.ANY_SOURCE)), None)
+
+            def Iprobe(self, source, tag, status=None):
+                found = self._first(source, tag)
+                if found is not None and status is not None:
+                    status.source = found[0]
+                return found is not None
+
+            def recv(self, source, tag):
+                found = self._first(source, tag)
+                servers.queued.remove(found)
+                return pickle.loads(found[3])
+
+        return End()
+
+
+def test_servers_send_each_other_typed_orders_and_requests():
+    """The first server's orders (a cut, a drop, the end) and another's
+    request to stop travel as typed messages and come back as such."""
+    servers = _Servers(3)
+    first, second, third = (Cuts(servers.mpi, servers.at(s)) for s in range(3))
+    assert first.order(stop=False) == CutOrder(1, False) and first.number == 1
+    assert second.ordered() == CutOrder(1, False) and second.number == 1
+    assert second.ordered() is None and not second.ended
+    first.drop(2)
+    first.drop(0)
+    assert third.dropped() == [2, 0] and third.dropped() == []
+    third.want_stop()
+    third.want_stop()  # asked once
+    assert first.stop_wanted() and not first.stop_wanted()
+    assert first.order(stop=True) == CutOrder(2, True)
+    first.end()
+    assert third.ordered() == CutOrder(1, False) and third.ordered() == CutOrder(2, True)
+    assert third.ordered() is None and third.ended
+    assert second.ordered() == CutOrder(2, True) and second.ordered() is None and second.ended
+    assert second.dropped() == [2, 0]
+    assert servers.queued == []
+
+
+@pytest.mark.parametrize("source, dest, tag, message, sentence", [
+    (0, 1, CUT, (1, False), "rank 1 (server 1) received (1, False) (tuple) from rank 0 (server 0) where a CutOrder "
+                            "was expected"),
+    (2, 0, STOP, True, "rank 0 (server 0) received True (bool) from rank 2 (server 2) where a StopRequest was "
+                       "expected"),
+])
+def test_a_message_of_another_type_between_servers_is_an_internal_error_naming_the_ranks(source, dest, tag, message,
+                                                                                        sentence):
+    servers = _Servers(3)
+    servers.at(source).send(message, dest=dest, tag=tag)
+    receiver = Cuts(servers.mpi, servers.at(dest))
+    with pytest.raises(HvdDcasgdError, match=re.escape(f"hvd_dcasgd: internal error: {sentence}")):
+        receiver.stop_wanted() if dest == 0 else receiver.ordered()

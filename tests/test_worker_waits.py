@@ -6,6 +6,8 @@ the jobs in test_reliability.py and test_sharded_training.py check the
 whole over shared memory and TCP, with servers frozen by SIGSTOP or slowed
 by a slow disk."""
 
+import re
+import threading
 import time
 
 import numpy as np
@@ -14,6 +16,7 @@ import pytest
 from hvd_dcasgd.protocol.channel import HEARTBEAT, REPLIED, WAITING, WRITING_BIT, WorkerChannel, control_words
 from hvd_dcasgd.common.errors import HvdDcasgdError
 from hvd_dcasgd.runtime.exits import SERVER_SILENT
+from hvd_dcasgd.runtime.lifecycle import Lifecycle
 
 
 class StoppingServer:
@@ -116,3 +119,31 @@ def test_a_writing_mark_from_an_earlier_wait_is_no_news(monkeypatch):
     with pytest.raises(HvdDcasgdError, match="has not answered") as raised:
         channel.await_answer()
     assert raised.value.status == SERVER_SILENT
+
+
+def test_the_watchdog_tells_the_lifecycle_which_ends_the_rank(monkeypatch):
+    """Blocked inside MPI (the wait looks at no clock) with the server silent
+    past the timeout: the watchdog thread hands the sentence and status 68
+    to the rank's lifecycle, which is the one that ends the process."""
+    monkeypatch.setenv("HVD_DCASGD_STALL_TIMEOUT", "1")
+    told = []
+
+    class Recording(Lifecycle):
+        def end_now(self, sentence, status):
+            told.append((sentence, status))
+            threading.Event().wait()  # never returns, as the lifecycle's own does not
+
+    channel = WorkerChannel(StoppingServer(heartbeat=0), None, 0, lifecycle=Recording())
+    channel._waiting_since = time.monotonic() - 10  # a push sent 10 s ago, its answer not in
+    deadline = time.monotonic() + 10
+    while not told and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(told) == 1, told
+    sentence, status = told[0]
+    assert status == SERVER_SILENT
+    assert re.fullmatch(r"hvd_dcasgd: worker 0: the server \(MPI rank 0\) has not answered for 1\d s "
+                        r"\(HVD_DCASGD_STALL_TIMEOUT=1\); ending the job\.", sentence), sentence
+
+
+def test_a_channel_given_no_lifecycle_has_one_of_its_own():
+    assert isinstance(WorkerChannel(StoppingServer(heartbeat=0), None, 0).lifecycle, Lifecycle)

@@ -19,6 +19,7 @@ from ..protocol.channel import ServerChannel, WorkerChannel, control_words
 from ..protocol.layout import ModelLayout, PushMessage
 from ..protocol.transport import ControlWords, Mailboxes
 from ..protocol.worker import Worker
+from ..runtime.lifecycle import Lifecycle
 from ..runtime.mpi import load_mpi
 from .compensation import Compensation
 from .server import ParameterServer
@@ -108,9 +109,11 @@ def open_worker(
 
 
 def open_worker_channel(comm: Any, layout: ModelLayout, wire_dtype: torch.dtype, *, worker: int, num_workers: int,
-                        owner: int = 0, server: Optional[str] = None) -> WorkerChannel:
+                        owner: int = 0, server: Optional[str] = None,
+                        lifecycle: Optional[Lifecycle] = None) -> WorkerChannel:
     """Worker ``worker``'s channel to the server on rank ``owner`` of
     ``comm``, which serves ``layout`` (collective, with :func:`open_server`
-    on the owner); ``server`` names it in messages."""
+    on the owner); ``server`` names it in messages; ``lifecycle`` (this
+    rank's) is told when that server stays silent too long."""
     control, mailboxes = open_windows(comm, layout, wire_dtype, num_workers, owner)
-    return WorkerChannel(control, mailboxes, worker, server)
+    return WorkerChannel(control, mailboxes, worker, server, lifecycle)

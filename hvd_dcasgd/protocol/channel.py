@@ -24,7 +24,6 @@ exactly once.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Callable, List, Optional, Sequence, Tuple
@@ -32,12 +31,10 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..common.errors import HvdDcasgdError
-from ..common.log import get_logger
 from ..runtime.exits import SERVER_SILENT, WORKER_DROPPED
+from ..runtime.lifecycle import Lifecycle
 from .stall import FROZEN_AFTER, StallWatch, stall_timeout_seconds, stall_warning_seconds
 from .transport import Backoff, ControlWords, Mailboxes
-
-log = get_logger("channel")
 
 WORDS_PER_WORKER = 4
 PUSHED, REPLIED, LEFT, WAITING = range(WORDS_PER_WORKER)
@@ -69,9 +66,14 @@ def _word(worker: int, field: int) -> int:
 class WorkerChannel:
     """Worker ``worker``'s end: push a message, pull the reply, leave."""
 
-    def __init__(self, control: ControlWords, mailboxes: Mailboxes, worker: int, server: Optional[str] = None):
-        """``server`` names the server in messages (default: by its rank)."""
+    def __init__(self, control: ControlWords, mailboxes: Mailboxes, worker: int, server: Optional[str] = None,
+                 lifecycle: Optional[Lifecycle] = None):
+        """``server`` names the server in messages (default: by its rank);
+        ``lifecycle`` is this rank's, which the watchdog informs when the
+        server stays silent while this worker is blocked inside MPI (default:
+        a lifecycle of its own, which ends the process all the same)."""
         self.control = control
+        self.lifecycle = Lifecycle() if lifecycle is None else lifecycle
         self.mailboxes = mailboxes
         self.worker = worker
         self.pushes = 0
@@ -262,8 +264,9 @@ class WorkerChannel:
         """Where one-sided operations progress only while their target calls
         into MPI (Open MPI's osc/pt2pt over TCP), a stopped server blocks
         this worker inside MPI, where :meth:`_check_server_alive` cannot run:
-        a thread watches the same clock and ends this process (status 68,
-        without MPI, so that ``mpirun`` ends the job) a little later."""
+        a thread watches the same clock and, a little later, tells this
+        rank's lifecycle, which ends the process (:meth:`.Lifecycle.end_now`:
+        status 68, without MPI, so that ``mpirun`` ends the job)."""
 
         def watch() -> None:
             woke = time.monotonic()
@@ -278,8 +281,7 @@ class WorkerChannel:
                     continue
                 silent = now - max(since, self._beat_seen)
                 if silent >= self._timeout + 4 * HEARTBEAT_SECONDS:
-                    log.error(self._server_silent(silent))
-                    os._exit(SERVER_SILENT)
+                    self.lifecycle.end_now(self._server_silent(silent), SERVER_SILENT)
 
         threading.Thread(target=watch, name="hvd_dcasgd server watch", daemon=True).start()
 

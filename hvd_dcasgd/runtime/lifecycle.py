@@ -16,9 +16,13 @@ its runtime.  Its phase moves only forward::
   checkpoint, the windows freed (:func:`hvd_dcasgd.serving.transitions.end`).
 * ``FINISHED``: nothing collective is left; the process may exit.
 
-Signal handlers, the stall watch and the serving loop only *inform* the
-lifecycle (:meth:`Lifecycle.signal_received`, :meth:`Lifecycle.stop`); they
-never end a rank themselves.  The transitions that involve every rank are
+Signal handlers, the stall watch, the worker's watchdog and the serving
+loop only *inform* the lifecycle (:meth:`Lifecycle.signal_received`,
+:meth:`Lifecycle.stop`, :meth:`Lifecycle.end_now`); they never end a rank
+themselves.  The one way a rank ends at once, without MPI, is
+:meth:`Lifecycle.end_now`: a worker's watchdog thread calls it when the
+server has been silent past ``HVD_DCASGD_STALL_TIMEOUT`` while the worker
+is blocked inside MPI.  The transitions that involve every rank are
 each one function both sides run: ``transitions.start`` (start and resume),
 the channel's stop word and answer bit (stop), ``transitions.end`` (end), in
 :mod:`hvd_dcasgd.serving.transitions`.
@@ -27,12 +31,17 @@ the channel's stop word and answer bit (stop), ``transitions.end`` (end), in
 from __future__ import annotations
 
 import enum
+import os
 import time
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 from ..common.errors import HvdDcasgdError
+from ..common.log import get_logger
+from .exits import flush
 
 __all__ = ["Lifecycle", "Phase", "Verdict"]
+
+log = get_logger("lifecycle")
 
 
 class Phase(enum.Enum):
@@ -148,3 +157,15 @@ class Lifecycle:
         """At the process's exit, after the script: what :meth:`finish` left to do."""
         if self.at_exit is not None:
             self.at_exit()
+
+    def end_now(self, sentence: str, status: int) -> NoReturn:
+        """This rank cannot go on (its main thread may be stuck inside MPI):
+        say ``sentence`` (an error) and end the process with ``status`` at
+        once, without MPI -- no collective, no finalize, which could never
+        complete -- so that ``mpirun`` sees the exit and ends the job.  From
+        any thread."""
+        try:
+            log.error(sentence)
+            flush()
+        finally:  # stderr closed or busy: end all the same
+            os._exit(status)

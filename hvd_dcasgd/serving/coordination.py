@@ -213,17 +213,16 @@ class SeveralServers(Coordination):
             stopping = asked or self.cuts.stop_wanted()
             if not (stopping or (self.checkpoints is not None and self.checkpoints.is_due())):
                 return None
-            number, stopping = self.cuts.order(stopping)
+            order = self.cuts.order(stopping)
         else:
             if asked:
                 self.cuts.want_stop()
             order = self.cuts.ordered()
             if order is None:
                 return None
-            number, stopping = order
         target, stopping = self.cuts.targets([server.applied(m) for m in range(server.channel.num_workers)],
-                                             stopping)
-        return number, stopping, target
+                                             order.stop)
+        return order.number, stopping, target
 
     def due(self, server: ParameterServer, stopped: bool) -> Optional[Checkpoint]:
         cut = self._cut

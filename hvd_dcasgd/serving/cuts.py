@@ -22,17 +22,25 @@ orders until then, so an order sent late is never left waiting.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple, Type, TypeVar
 
 import numpy as np
 
 from ..common.tags import CUT as CUT_TAG, DROP as DROP_TAG, END as END_TAG, STOP as STOP_TAG
+from ..runtime.exits import rank_name
+from .messages import CutOrder, DropOrder, EndOfCuts, StopRequest, expect
 
 __all__ = ["Cuts"]
+
+M = TypeVar("M")
 
 
 class Cuts:
     """One server's end of the exchange over ``comm``, the servers' communicator.
+
+    Every message is typed (:mod:`.messages`): :class:`CutOrder`,
+    :class:`DropOrder` and :class:`EndOfCuts` from the first server,
+    :class:`StopRequest` to it, each under its own tag.
 
     Arguments:
         mpi: mpi4py's ``MPI``.
@@ -48,47 +56,61 @@ class Cuts:
         self._stop_sent = False
         self._status = mpi.Status()
 
-    def order(self, stop: bool) -> Tuple[int, bool]:
-        """First server: order the next cut to every server; (its number, stop)."""
-        self.number += 1
+    def _name(self, rank: int) -> str:
+        """How sentences name server ``rank`` (its world rank too)."""
+        return rank_name(rank, self.comm.Get_size())
+
+    def _receive(self, source: int, tag: int, kind: Type[M]) -> M:
+        """The message from server ``source`` under ``tag``, which must be a ``kind``."""
+        return expect(self.comm.recv(source=source, tag=tag), kind, self._name(self.comm.Get_rank()),
+                      self._name(source))
+
+    def _to_others(self, message: Any, tag: int) -> None:
+        """First server: send ``message`` to every other server."""
         for server in range(1, self.comm.Get_size()):
-            self.comm.send((self.number, stop), dest=server, tag=CUT_TAG)
-        return self.number, stop
+            self.comm.send(message, dest=server, tag=tag)
+
+    def order(self, stop: bool) -> CutOrder:
+        """First server: order the next cut to every server; the order."""
+        self.number += 1
+        order = CutOrder(self.number, stop)
+        self._to_others(order, CUT_TAG)
+        return order
 
     def drop(self, worker: int) -> None:
         """First server: have every server drop ``worker``."""
-        for server in range(1, self.comm.Get_size()):
-            self.comm.send(worker, dest=server, tag=DROP_TAG)
+        self._to_others(DropOrder(worker), DROP_TAG)
 
     def dropped(self) -> List[int]:
         """Another server: the workers the first has dropped since the last call."""
         workers = []
         while self.comm.Iprobe(source=0, tag=DROP_TAG):
-            workers.append(self.comm.recv(source=0, tag=DROP_TAG))
+            workers.append(self._receive(0, DROP_TAG, DropOrder).worker)
         return workers
 
-    def ordered(self) -> Optional[Tuple[int, bool]]:
-        """Another server: the next cut ordered, if one is, as (number, stop);
-        the end, once ordered, sets :attr:`ended`."""
+    def ordered(self) -> Optional[CutOrder]:
+        """Another server: the next cut ordered, if one is; the end, once
+        ordered, sets :attr:`ended`."""
         if self.comm.Iprobe(source=0, tag=CUT_TAG):
-            self.number, stop = self.comm.recv(source=0, tag=CUT_TAG)
-            return self.number, stop
+            order = self._receive(0, CUT_TAG, CutOrder)
+            self.number = order.number
+            return order
         if self.comm.Iprobe(source=0, tag=END_TAG):
-            self.comm.recv(source=0, tag=END_TAG)
+            self._receive(0, END_TAG, EndOfCuts)
             self.ended = True
         return None
 
     def want_stop(self) -> None:
         """Another server was asked to stop: ask the first (once)."""
         if not self._stop_sent:
-            self.comm.send(True, dest=0, tag=STOP_TAG)
+            self.comm.send(StopRequest(), dest=0, tag=STOP_TAG)
             self._stop_sent = True
 
     def stop_wanted(self) -> bool:
         """First server: whether another server asked to stop."""
         wanted = False
         while self.comm.Iprobe(source=self.mpi.ANY_SOURCE, tag=STOP_TAG, status=self._status):
-            self.comm.recv(source=self._status.Get_source(), tag=STOP_TAG)
+            self._receive(self._status.Get_source(), STOP_TAG, StopRequest)
             wanted = True
         return wanted
 
@@ -102,6 +124,5 @@ class Cuts:
 
     def end(self) -> None:
         """First server: no cut will be ordered any more."""
-        for server in range(1, self.comm.Get_size()):
-            self.comm.send(None, dest=server, tag=END_TAG)
+        self._to_others(EndOfCuts(), END_TAG)
         self.ended = True

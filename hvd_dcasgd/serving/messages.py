@@ -7,13 +7,17 @@
 * the requests a worker makes of the server while training --
   :class:`SetState`, :class:`LoadOptimizerState`,
   :class:`OptimizerStateWithWeights` -- which :class:`ControlRequests`
-  carries and the server answers between polls.
+  carries and the server answers between polls;
+* the orders and requests several servers exchange (:mod:`.cuts`) --
+  :class:`CutOrder`, :class:`DropOrder`, :class:`StopRequest`,
+  :class:`EndOfCuts` -- each under its own tag, received with
+  :func:`expect`, which makes a message of another type a sentence.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar, Dict, Optional, Tuple
+from typing import Any, ClassVar, Dict, Optional, Tuple, Type, TypeVar
 
 import torch
 
@@ -23,8 +27,10 @@ from ..common.errors import HvdDcasgdError
 from ..common.tags import CONTROL
 from ..protocol.layout import ModelLayout
 
-__all__ = ["ControlRequests", "Description", "LoadOptimizerState", "OptimizerStateWithWeights", "Resumed",
-           "SetState"]
+__all__ = ["ControlRequests", "CutOrder", "Description", "DropOrder", "EndOfCuts", "LoadOptimizerState",
+           "OptimizerStateWithWeights", "Resumed", "SetState", "StopRequest", "expect"]
+
+M = TypeVar("M")
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,41 @@ class OptimizerStateWithWeights:
 
     def run(self, server: ParameterServer) -> Dict[str, Any]:
         return server.optimizer_state_sent_with_weights(self.worker)
+
+
+@dataclass(frozen=True)
+class CutOrder:
+    """The first server orders cut ``number`` to the others; with ``stop``,
+    every server stops with it."""
+
+    number: int
+    stop: bool
+
+
+@dataclass(frozen=True)
+class DropOrder:
+    """The first server dropped ``worker`` (silent too long): every server drops it."""
+
+    worker: int
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    """Another server was asked to stop: it asks the first to order a cut that stops."""
+
+
+@dataclass(frozen=True)
+class EndOfCuts:
+    """The first server will order no more cuts: the others may end once their workers have left."""
+
+
+def expect(message: Any, kind: Type[M], receiver: str, sender: str) -> M:
+    """``message``, received by ``receiver`` from ``sender``, if it is a
+    ``kind``; any other type is an internal error, said in a sentence."""
+    if not isinstance(message, kind):
+        raise HvdDcasgdError(f"hvd_dcasgd: internal error: {receiver} received {message!r} "
+                             f"({type(message).__name__}) from {sender} where a {kind.__name__} was expected")
+    return message
 
 
 class ControlRequests:

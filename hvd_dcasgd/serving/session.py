@@ -158,7 +158,7 @@ class _WorkerOpening:
     def open_windows(self, shard: int, comm: Any) -> None:
         self.channels.append(open_worker_channel(comm, self.served[shard][0], self.wire_dtype,
                                                  worker=self.rt.worker_rank, num_workers=self.rt.num_workers,
-                                                 server=self.names.server_name(shard)))
+                                                 server=self.names.server_name(shard), lifecycle=self.rt.lifecycle))
         if len(self.channels) == len(self.served):
             self.worker = self.build(self.channels)
 

@@ -20,8 +20,8 @@ policy (elastic membership, say) is one more class.  The start and the end
 of a session differ with the number of servers too (which checkpoint to
 resume, the shared trace, the summary, the final weights): those are
 methods here as well.  A worker's side of the same question -- how the
-servers' slices make one model -- is :class:`Slices` (:class:`OneSlice`,
-:class:`SeveralSlices`).  So the session has no branch on the number of
+servers' slices make one model -- is :class:`ModelSplit` (:class:`WholeModel`,
+:class:`SplitModel`).  So the session has no branch on the number of
 servers.
 """
 
@@ -45,8 +45,8 @@ from ..runtime.place import OneOfServers, OnlyServer, ServerPlace
 from .checkpoints import Checkpoints, open_checkpoints
 from .cuts import Cuts
 
-__all__ = ["Checkpoint", "Coordination", "OneServer", "OneSlice", "SeveralServers", "SeveralSlices", "Slices",
-           "coordination_for", "slices_for"]
+__all__ = ["Checkpoint", "Coordination", "ModelSplit", "OneServer", "SeveralServers", "SplitModel", "WholeModel",
+           "coordination_for", "model_split_for"]
 
 log = get_logger("coordination")
 
@@ -177,15 +177,15 @@ class SeveralServers(Coordination):
 
     Arguments:
         mpi: mpi4py's ``MPI``.
-        servers: the servers' communicator (server s at rank s).
+        servers_comm: the servers' communicator (server s at rank s).
         checkpoints: this server's checkpoint folder, if any.
     """
 
-    def __init__(self, mpi: Any, servers: Any, checkpoints: Optional[Checkpoints] = None):
+    def __init__(self, mpi: Any, servers_comm: Any, checkpoints: Optional[Checkpoints] = None):
         super().__init__(checkpoints)
-        self.servers = servers
-        self.place = OneOfServers(servers.Get_rank(), servers.Get_size())
-        self.cuts = Cuts(mpi, servers)
+        self.servers_comm = servers_comm
+        self.place = OneOfServers(servers_comm.Get_rank(), servers_comm.Get_size())
+        self.cuts = Cuts(mpi, servers_comm)
         self.first = self.cuts.first
         self.stall_timeout = stall_timeout_seconds() if self.first else None  # the first drops, for every server
         self._cut: Optional[Tuple[int, bool, Any]] = None  # (number, stop, target) of a cut under way
@@ -242,14 +242,14 @@ class SeveralServers(Coordination):
     def served(self, layout: ModelLayout, optimizer: torch.optim.Optimizer, model: List[torch.Tensor],
                slice_: Tuple[int, int]) -> Tuple[ModelLayout, torch.optim.Optimizer]:
         """Every server starts from the first one's model, and serves its slice of it."""
-        broadcast_(self.servers, model, root=0)
+        broadcast_(self.servers_comm, model, root=0)
         served_layout, pieces = shard_layout(layout, *slice_)
         return served_layout, shard_optimizer(optimizer, layout, pieces)
 
     def open_checkpoints(self, folder: Optional[str], needs: int) -> Optional[Tuple[Any, Any]]:
         """Collective among the servers: they agree on the cut before any
         loads; :attr:`.cuts.Cuts.number` counts on from it."""
-        self.checkpoints, found, number = open_checkpoints(folder, self.place, self.servers.allgather, needs)
+        self.checkpoints, found, number = open_checkpoints(folder, self.place, self.servers_comm.allgather, needs)
         if number is not None:
             self.cuts.number = number
         return found
@@ -259,13 +259,13 @@ class SeveralServers(Coordination):
         """All servers append to one trace, which the first empties (or,
         resuming, truncates each server's lines at its checkpoint) before any
         writes (a barrier among them)."""
-        resumed = self.servers.gather(resume_from, root=0)
+        resumed = self.servers_comm.gather(resume_from, root=0)
         if path and self.first:
             if resume_from is None:
                 open(path, "w").close()
             elif os.path.exists(path):
                 truncate_trace(path, dict(enumerate(resumed)))
-        self.servers.Barrier()
+        self.servers_comm.Barrier()
         start, end = slice_
         return Telemetry(num_workers, path, resume_from=resume_from,
                          place=replace(self.place, offset=start, numel=end - start))
@@ -277,10 +277,10 @@ class SeveralServers(Coordination):
         """The first server also logs and writes the merged summary of all."""
         super().report(telemetry)
         path = setting("HVD_DCASGD_SUMMARY")
-        shards = self.servers.gather(telemetry.summary_dict(), root=0)
+        shards = self.servers_comm.gather(telemetry.summary_dict(), root=0)
         if self.first:
             merged = Telemetry.merge(shards)
-            name = f"hvd_dcasgd servers (all {self.servers.Get_size()})"
+            name = f"hvd_dcasgd servers (all {self.servers_comm.Get_size()})"
             for line in Telemetry.describe(merged, name).splitlines():
                 log.info(line)
             if path:
@@ -290,14 +290,14 @@ class SeveralServers(Coordination):
         return torch.empty(sum(p.numel() for p in model_params), dtype=dtype)
 
 
-def coordination_for(mpi: Any, servers: Any, count: int, checkpoints: Optional[Checkpoints]) -> Coordination:
-    """The coordination of a job with ``count`` servers (``servers``: their communicator)."""
-    return OneServer(checkpoints) if count == 1 else SeveralServers(mpi, servers, checkpoints)
+def coordination_for(mpi: Any, servers_comm: Any, count: int, checkpoints: Optional[Checkpoints]) -> Coordination:
+    """The coordination of a job with ``count`` servers (``servers_comm``: their communicator)."""
+    return OneServer(checkpoints) if count == 1 else SeveralServers(mpi, servers_comm, checkpoints)
 
 
-class Slices:
-    """A worker's view of the servers' slices of the model, with one server:
-    the slice is the whole model.
+class ModelSplit:
+    """A worker's view of how the servers' slices make one model: here, with
+    one server, the slice is the whole model (:class:`WholeModel`).
 
     Arguments:
         layout: the whole model's layout.
@@ -325,10 +325,11 @@ class Slices:
         return None
 
 
-OneSlice = Slices
+class WholeModel(ModelSplit):
+    """One server holds the whole model."""
 
 
-class SeveralSlices(Slices):
+class SplitModel(ModelSplit):
     """With several servers, each holds a slice: states are split and put
     together (:mod:`.shards`), and the first worker broadcasts the whole
     model's final weights to every server."""
@@ -346,6 +347,6 @@ class SeveralSlices(Slices):
         return f"server {shard} (MPI rank {shard})"
 
 
-def slices_for(count: int, layout: ModelLayout, pieces: List[List[Piece]]) -> Slices:
+def model_split_for(count: int, layout: ModelLayout, pieces: List[List[Piece]]) -> ModelSplit:
     """A worker's view of ``count`` servers' slices."""
-    return OneSlice(layout, pieces) if count == 1 else SeveralSlices(layout, pieces)
+    return WholeModel(layout, pieces) if count == 1 else SplitModel(layout, pieces)

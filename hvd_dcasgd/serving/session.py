@@ -32,7 +32,7 @@ from ..runtime.preemption import stop_grace_seconds
 from ..runtime.roles import Runtime
 from .agreement import agree
 from .checkpoints import estimate_bytes
-from .coordination import Coordination, Slices, coordination_for, slices_for
+from .coordination import Coordination, ModelSplit, coordination_for, model_split_for
 from .messages import Description, Resumed
 from .sides import HorovodSession, ServerSession, WorkerSession, idle_server
 from .transitions import start
@@ -54,13 +54,14 @@ class _ServerOpening:
 
     def __init__(self, rt: Runtime, coordination: Coordination, optimizer: torch.optim.Optimizer,
                  layout: ModelLayout, compensation: Compensation, wire_dtype: torch.dtype, device: torch.device,
-                 untrained_state: Dict[str, torch.Tensor], workers: List[Tuple[str, Description]],
+                 untrained_state: Dict[str, torch.Tensor], described: List[Tuple[str, Description]],
                  trace_path: Optional[str], checkpoint_dir: Optional[str], slice_: Tuple[int, int],
                  lr_scaling: str):
         self.rt, self.coordination = rt, coordination
         self.lr_factor = lr_factor(lr_scaling, compensation.schedule, rt.num_workers)
         self.optimizer, self.layout, self.compensation = optimizer, layout, compensation
-        self.wire_dtype, self.device, self.untrained_state, self.workers = wire_dtype, device, untrained_state, workers
+        self.wire_dtype, self.device, self.untrained_state = wire_dtype, device, untrained_state
+        self.described = described  # each worker's name for messages, and its description
         self.trace_path, self.checkpoint_dir, self.slice = trace_path, checkpoint_dir, slice_
         self.found: Optional[Tuple[Any, Dict[str, Any]]] = None
         self.server: Optional[ParameterServer] = None
@@ -75,11 +76,11 @@ class _ServerOpening:
         telemetry = self.coordination.open_trace(self.rt.num_workers, self.trace_path, self.slice,
                                                  int(self.found[1]["updates"]) if self.found else None)
         telemetry.note_transport(transport(self.rt.mpi), self.rt.mpi.Get_processor_name(),
-                                 [description.host for _, description in self.workers])
+                                 [description.host for _, description in self.described])
         self.server = open_server(comm, self.optimizer, self.layout, self.compensation,
                                   num_workers=self.rt.num_workers, wire_dtype=self.wire_dtype, device=self.device,
                                   telemetry=telemetry, untrained_state=self.untrained_state,
-                                  checked_by_workers=[d.check_finite for _, d in self.workers],
+                                  checked_by_workers=[d.check_finite for _, d in self.described],
                                   lr_factor=self.lr_factor)
 
     def resume(self) -> Resumed:
@@ -124,16 +125,16 @@ def run_server(
     rate means (:data:`.update.LR_SCALINGS`)."""
     slices = slices or [(0, layout.numel)]
     comm = rt.shard_comms[rt.shard]
-    workers = agree(rt, comm, layout, compensation, wire_dtype, lr_scaling=lr_scaling)
+    described = agree(rt, comm, layout, compensation, wire_dtype, lr_scaling=lr_scaling)
     untrained_state = _untrained_state_of(model, optimizer)
     params = trained_parameters(optimizer)
     coordination = coordination_for(rt.mpi, rt.servers_comm, rt.servers, None)
     served_layout, served_optimizer = coordination.served(layout, optimizer, [*params, *untrained_state.values()],
                                                           slices[rt.shard])
     opening = _ServerOpening(rt, coordination, served_optimizer, served_layout, compensation, wire_dtype, device,
-                             untrained_state, workers, trace_path, checkpoint_dir, slices[rt.shard], lr_scaling)
+                             untrained_state, described, trace_path, checkpoint_dir, slices[rt.shard], lr_scaling)
     start([comm], opening)
-    session = ServerSession(rt, comm, opening.server, [name for name, _ in workers], coordination, params,
+    session = ServerSession(rt, comm, opening.server, [name for name, _ in described], coordination, params,
                             metrics_dir)
     rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
     session.serve()
@@ -146,9 +147,9 @@ class _WorkerOpening:
 
     def __init__(self, rt: Runtime, served: List[Tuple[ModelLayout, List[Piece]]], wire_dtype: torch.dtype,
                  build: Callable[[List[Any]], Worker], untrained_state: Dict[str, torch.Tensor],
-                 slices: List[Tuple[int, int]], names: Slices):
+                 slices: List[Tuple[int, int]], split: ModelSplit):
         self.rt, self.served, self.wire_dtype, self.build = rt, served, wire_dtype, build
-        self.untrained_state, self.slices, self.names = untrained_state, slices, names
+        self.untrained_state, self.slices, self.split = untrained_state, slices, split
         self.channels: List[Any] = []
         self.worker: Optional[Worker] = None
 
@@ -158,7 +159,7 @@ class _WorkerOpening:
     def open_windows(self, shard: int, comm: Any) -> None:
         self.channels.append(open_worker_channel(comm, self.served[shard][0], self.wire_dtype,
                                                  worker=self.rt.worker_rank, num_workers=self.rt.num_workers,
-                                                 server=self.names.server_name(shard), lifecycle=self.rt.lifecycle))
+                                                 server=self.split.server_name(shard), lifecycle=self.rt.lifecycle))
         if len(self.channels) == len(self.served):
             self.worker = self.build(self.channels)
 
@@ -192,10 +193,10 @@ def start_worker(
         agree(rt, comm, layout, compensation, wire_dtype, check_finite, lr_scaling=lr_scaling)
     untrained_state = _untrained_state_of(model, optimizer)
     served = [shard_layout(layout, start, end) for start, end in slices]
-    servers = slices_for(rt.servers, layout, [pieces for _, pieces in served])
+    split = model_split_for(rt.servers, layout, [pieces for _, pieces in served])
     opening = _WorkerOpening(rt, served, wire_dtype,
                              lambda channels: Worker(optimizer, layout, channels, wire_dtype, check_finite, slices),
-                             untrained_state, slices, servers)
+                             untrained_state, slices, split)
     resumed = start(comms, opening)
     worker = opening.worker
     pushes_before = 0
@@ -203,7 +204,7 @@ def start_worker(
         worker.read()
         pushes_before = resumed.pushes[rt.worker_rank]
     worker.load_weights()
-    session = WorkerSession(rt, worker, untrained_state, comms, servers, pushes_before)
+    session = WorkerSession(rt, worker, untrained_state, comms, split, pushes_before)
     rt.session = session
     rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
     return session

@@ -23,7 +23,7 @@ from ..runtime.exits import PREEMPTED, WORKER_DROPPED, flush
 from ..runtime.lifecycle import Lifecycle
 from ..runtime.preemption import Preempted, signal_name
 from ..runtime.roles import Runtime
-from .coordination import Coordination, Slices
+from .coordination import Coordination, ModelSplit
 from .loop import save, serve
 from .messages import ControlRequests, LoadOptimizerState, OptimizerStateWithWeights, SetState
 from .transitions import combine_untrained_state, end, end_without_dropped
@@ -140,11 +140,11 @@ class WorkerSession:
     server_holds_weights = True  # broadcasts while training also reach the server
 
     def __init__(self, rt: Runtime, worker: Worker, untrained_state: Dict[str, torch.Tensor], comms: List[Any],
-                 slices: Slices, pushes_before: int = 0):
+                 split: ModelSplit, pushes_before: int = 0):
         """``comms[s]`` is server s's session, whose slice of the model is
-        ``slices.pieces[s]``."""
+        ``split.pieces[s]``."""
         self.rt, self.worker, self.untrained_state = rt, worker, untrained_state
-        self.comms, self.slices = comms, slices
+        self.comms, self.split = comms, split
         self.lifecycle: Lifecycle = rt.lifecycle
         self.untrained_tensors: List[torch.Tensor] = list(untrained_state.values())
         self.requests = [ControlRequests(rt.mpi, comm) for comm in comms]
@@ -172,21 +172,21 @@ class WorkerSession:
         params = {index[t.data_ptr()]: t.detach().cpu() for _, t in items if t.data_ptr() in index}
         untrained_state = {n: t.detach().cpu() for n, t in items
                            if n in self.untrained_state and t.data_ptr() not in index}
-        for requests, pieces in zip(self.requests, self.slices.pieces):
+        for requests, pieces in zip(self.requests, self.split.pieces):
             requests.ask(SetState(shard_tensors(params, pieces), untrained_state))
 
     def load_optimizer_state(self, state: Dict[str, Any]) -> None:
         """Load an optimizer state on the servers (each its slice of it)."""
         state = to_cpu(state)
         for shard, requests in enumerate(self.requests):
-            requests.ask(LoadOptimizerState(self.slices.state_for(state, shard)))
+            requests.ask(LoadOptimizerState(self.split.state_for(state, shard)))
 
     def optimizer_state_with_weights(self) -> Dict[str, Any]:
         """The servers' optimizer state, with the model brought to the weights
         of the same moment (this worker's backup from now on), per server."""
         states = [requests.ask(OptimizerStateWithWeights(self.worker.index)) for requests in self.requests]
         self.worker.read()
-        return self.slices.whole_state(states)
+        return self.split.whole_state(states)
 
     def exchange(self) -> None:
         """One step's exchange; then stop the script if the job was asked to
@@ -238,7 +238,7 @@ class WorkerSession:
         self.worker.channels[shard].free()
 
     def whole_model(self) -> Optional[torch.Tensor]:
-        return self.slices.whole_model(self.worker.weights)
+        return self.split.whole_model(self.worker.weights)
 
     def took_whole_model(self, weights: torch.Tensor) -> None:
         """Nothing: the weights are this worker's own (every worker put the same slices together)."""
@@ -247,7 +247,7 @@ class WorkerSession:
         rt = self.rt
         self.worker.load_weights()
         if not dropped:
-            self.worker.optimizer.load_state_dict(self.slices.whole_state(self._states))
+            self.worker.optimizer.load_state_dict(self.split.whole_state(self._states))
         self.lifecycle.finish(at_exit=(lambda: end_without_dropped(rt, comms[0], "")) if dropped else None)
 
 

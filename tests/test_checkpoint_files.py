@@ -183,20 +183,21 @@ def test_a_second_job_on_a_folder_in_use_is_refused_and_the_first_goes_on(tmp_pa
     assert status != 0, log
     sentence = (f"the checkpoint folder {folder} is in use by another job (process {first.pid(0)} on host "
                 f"{socket.gethostname()}, lock file {folder / LOCK})")
-    assert log.count(sentence) == WORKERS + 1, log  # on every rank
+    assert log.count(sentence) == 1 and "Traceback" not in log, log  # said once, for every rank
     first.signal_ranks(15)  # the first job was not disturbed: it stops and saves as usual
     assert first.wait() == 75, first.text()
     assert [p.name for p in _numbered(folder)] and not (folder / LOCK).exists()
 
 
 @pytest.mark.mpi
-def test_a_checkpoint_folder_that_is_a_file_is_a_sentence_on_every_rank(tmp_path):
+def test_a_checkpoint_folder_that_is_a_file_is_one_sentence_for_every_rank(tmp_path):
     (tmp_path / "checkpoints").write_text("not a folder")
     status, log = run_job(tmp_path, "--steps", 3, env={"HVD_DCASGD_CHECKPOINT_DIR": str(tmp_path / "checkpoints")},
                           timeout=60)
     assert status != 0, log
+    # every rank ends with status 1; the sentence is said once, by the server, without a traceback
     assert log.count(f"cannot use checkpoint folder {tmp_path / 'checkpoints'}: it is a file, not a folder") \
-        == WORKERS + 1, log
+        == 1 and "Traceback" not in log, log
 
 
 @pytest.fixture
@@ -237,13 +238,13 @@ def _fill(disk: Path) -> Path:
 
 
 @pytest.mark.mpi
-def test_a_folder_without_room_for_one_checkpoint_is_a_sentence_on_every_rank(tmp_path, small_disk):
+def test_a_folder_without_room_for_one_checkpoint_is_one_sentence_for_every_rank(tmp_path, small_disk):
     disk = small_disk("1m")
     status, log = run_job(tmp_path, "--steps", 3, "--big", 1_000_000, timeout=120,  # a 4 MB buffer
                           env={"HVD_DCASGD_CHECKPOINT_DIR": str(disk / "checkpoints")})
     assert status != 0, log
     assert log.count(f"the checkpoint folder {disk / 'checkpoints'} has 1.0 MB free, and one checkpoint takes at "
-                     "least 4.0 MB") == WORKERS + 1, log
+                     "least 4.0 MB") == 1 and "Traceback" not in log, log
 
 
 @pytest.mark.mpi

@@ -55,7 +55,7 @@ def open_windows(comm: Any, layout: ModelLayout, wire_dtype: torch.dtype, num_wo
         hint = _thread_level_hint() if mpi.Query_thread() == mpi.THREAD_MULTIPLE else ""
         raise HvdDcasgdError(
             f"hvd_dcasgd: MPI could not create the parameter server's windows ({exc.Get_error_string()}).{hint}",
-            collective=True,
+            collective=True, speaks=comm.Get_rank() == 0,
         ) from exc
     return control, mailboxes
 

@@ -220,7 +220,12 @@ def _slices(rt: Runtime, optimizer: torch.optim.Optimizer, layout: ModelLayout) 
         check_shardable(optimizer, rt.servers)
         return partition(layout.offsets, rt.servers, whole_tensors=not is_elementwise(optimizer))
     except HvdDcasgdValueError as exc:  # the same on every rank
-        raise HvdDcasgdValueError(str(exc), collective=True) from None
+        raise HvdDcasgdValueError(str(exc), collective=True, speaks=_speaks(rt)) from None
+
+
+def _speaks(rt: Runtime) -> bool:
+    """Whether this rank says a sentence every rank raises together (the first rank does, for all)."""
+    return rt.world is None or rt.world.Get_rank() == 0
 
 
 def _agree_on_method(rt: Runtime, method: str) -> None:
@@ -236,7 +241,7 @@ def _agree_on_method(rt: Runtime, method: str) -> None:
         raise HvdDcasgdError(
             f"hvd_dcasgd: the ranks were asked for different methods ({', '.join(methods)}); "
             "set the same compensation (or HVD_DCASGD_COMPENSATION) on every rank.",
-            collective=True,
+            collective=True, speaks=_speaks(rt),
         )
     not_running = [reason for _, reason in answers if reason]
     if method == "horovod" and not_running:

@@ -18,11 +18,14 @@ class HvdDcasgdError(RuntimeError):
 
     ``collective`` is True when every rank raises the same error together (a
     launch whose ranks disagree): they can all exit without aborting the job.
+    Of those ranks, the one that ``speaks`` says the sentence (once per job,
+    not once per rank); the others exit with it silently.
     """
 
-    def __init__(self, message: str, collective: bool = False):
+    def __init__(self, message: str, collective: bool = False, speaks: bool = True):
         super().__init__(message)
         self.collective = collective
+        self.speaks = speaks
 
 
 class HvdDcasgdValueError(HvdDcasgdError, ValueError):

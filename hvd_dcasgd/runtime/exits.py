@@ -21,6 +21,7 @@ Exit statuses of a job (``mpirun`` returns the first non-zero one):
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -65,12 +66,20 @@ def abort_on_uncaught(previous: Callable, comm: Any, servers: int = 1) -> Callab
     """A ``sys.excepthook`` that prints the traceback, then one sentence naming
     the rank and the cause, and ends the job: an uncaught exception on one
     rank would otherwise leave the others waiting for it forever.  An error
-    every rank raised together (``collective``) needs no abort."""
+    every rank raised together (``collective``) needs no abort: its sentence
+    is said once, by the rank that speaks for the others, without a
+    traceback (every rank's traceback at ``HVD_DCASGD_LOG_LEVEL=debug``), and
+    every rank exits with status 1."""
 
     def hook(kind, value, tb):
-        previous(kind, value, tb)
         if getattr(value, "collective", False):
+            if log.isEnabledFor(logging.DEBUG):
+                previous(kind, value, tb)
+            elif getattr(value, "speaks", True):
+                log.error(str(value))
+            flush()
             return
+        previous(kind, value, tb)
         status = getattr(value, "status", 1)
         abort(comm, f"hvd_dcasgd: {rank_name(comm.Get_rank(), servers)} ended with {kind.__name__}: {value}; "
                     f"ending the job (status {status}).", status)

@@ -114,7 +114,7 @@ def init(comm: Any = None, process_sets: Optional[List[Any]] = None, servers: Op
     global _runtime
     if _runtime is not None:
         return
-    _start(comm, _servers(servers))
+    _start(comm, servers)
     for process_set in process_sets or ():
         process_set._add()  # registers it (process_sets.add_process_set), collective over the workers
 
@@ -142,7 +142,25 @@ def _shard_comms(world: Any, mpi: Any, servers: int) -> List[Any]:
     return comms
 
 
-def _start(comm: Any, servers: int = 1) -> None:
+def _settings_agreed(world: Any, requested: Optional[int]) -> int:
+    """The number of servers, once every rank has read its settings: a value
+    that cannot be used, on any rank, is raised on every rank alike and said
+    once (collective over ``world``), never one traceback per rank."""
+    from ..common.config import settings
+
+    servers, problem = 1, None
+    try:
+        settings()
+        servers = _servers(requested)
+    except HvdDcasgdError as exc:
+        problem = str(exc)
+    problems = [p for p in world.allgather(problem) if p]
+    if problems:
+        raise HvdDcasgdError(problems[0], collective=True, speaks=world.Get_rank() == 0)
+    return servers
+
+
+def _start(comm: Any, requested: Optional[int] = None) -> None:
     global _runtime
     if comm is not None and not hasattr(comm, "Dup"):
         raise HvdDcasgdError(f"hvd_dcasgd: init(comm=...) takes an mpi4py communicator, not {type(comm).__name__}")
@@ -151,19 +169,26 @@ def _start(comm: Any, servers: int = 1) -> None:
     except MpiUnavailable:
         if _launched_size() > 1:
             raise
+        _servers(requested)
         _runtime = Runtime(role=LOCAL)
         _warn_local("MPI is not available (install Open MPI and mpi4py)")
         return
     world = (comm if comm is not None else mpi.COMM_WORLD).Dup()
     if world.Get_size() == 1:
+        _servers(requested)
         horovod, horovod_off = start_horovod(mpi, world)
         _runtime = Runtime(role=LOCAL, mpi=mpi, world=world, workers=world, horovod=horovod, horovod_off=horovod_off)
         _warn_local("running as a single process with no parameter server")
         return
+    previous = sys.excepthook
+    sys.excepthook = exits.abort_on_uncaught(previous, world)  # from here an error never leaves the others waiting
+    servers = _settings_agreed(world, requested)
+    sys.excepthook = exits.abort_on_uncaught(previous, world, servers)  # the same, naming the servers as such
+    threading.excepthook = exits.abort_on_thread_exception(world, servers)
     if servers >= world.Get_size():
         raise HvdDcasgdError(f"hvd_dcasgd: {servers} server(s) (HVD_DCASGD_SERVERS) need at least "
                              f"{servers + 1} ranks, one worker or more; this job has {world.Get_size()}",
-                             collective=True)
+                             collective=True, speaks=world.Get_rank() == 0)
     is_server = world.Get_rank() < servers
     peers = world.Split(0 if is_server else 1, world.Get_rank())  # the servers, or the workers
     node = peers.Split_type(mpi.COMM_TYPE_SHARED)
@@ -194,8 +219,6 @@ def _start(comm: Any, servers: int = 1) -> None:
             except mpi.Exception:  # no one-sided support here: the optimizer explains why, join() says so
                 pass
     atexit.register(_at_exit)
-    sys.excepthook = exits.abort_on_uncaught(sys.excepthook, world, servers)
-    threading.excepthook = exits.abort_on_thread_exception(world, servers)
     preemption.install(_runtime.lifecycle.signal_received, exits.rank_name(world.Get_rank(), servers))
 
 

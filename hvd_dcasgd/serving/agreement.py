@@ -61,7 +61,7 @@ def agree(rt: Runtime, comm: Any, layout: ModelLayout, compensation: Compensatio
     problems = _disagreements(gathered[0], gathered[1:]) if rt.role == SERVER else None
     problems = comm.bcast(problems, root=0)
     if problems:
-        raise HvdDcasgdError("\n".join(problems), collective=True)
+        raise HvdDcasgdError("\n".join(problems), collective=True, speaks=comm.Get_rank() == 0)
     if rt.role != SERVER:
         return []
     return [(f"worker {m} (MPI rank {m + rt.servers}, host {d.host})", d) for m, d in enumerate(gathered[1:])]

@@ -60,7 +60,7 @@ def _from_server(comm: Any, produce: Callable[[], Any]) -> Any:
             problem = str(exc)
     problem, result = comm.bcast((problem, result), root=0)
     if problem:
-        raise HvdDcasgdError(problem, collective=True)
+        raise HvdDcasgdError(problem, collective=True, speaks=comm.Get_rank() == 0)
     return result
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, run
+from helpers import PROGRAMS, ROOT, mpirun, run
 from hvd_dcasgd.common.config import VARIABLES, check_environment, setting
 from hvd_dcasgd.common.errors import HvdDcasgdValueError
 from hvd_dcasgd.common.files import atomic_write
@@ -46,6 +46,17 @@ def test_the_settings_are_read_once_into_one_frozen_object_with_the_tables_defau
         first.no_such
     with pytest.raises(HvdDcasgdValueError, match="HVD_DCASGD_PROGRESS='soon' is not valid"):
         settings({"HVD_DCASGD_PROGRESS": "soon"})
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("name, raw", [("HVD_DCASGD_LOG_LEVEL", "loud"), ("HVD_DCASGD_PROGRESS", "soon")])
+def test_a_bad_value_in_a_job_is_one_sentence_not_a_traceback_per_rank(name, raw):
+    """Read at import (the log level) or later (the progress interval): every
+    rank ends with an error, rank 0 says the sentence once, nobody waits."""
+    result = mpirun(4, PROGRAMS / "synthetic.py", "--steps", 2, env={name: raw}, timeout=120)
+    assert result.returncode != 0, result.stdout
+    assert result.stdout.count(f"{name}={raw!r} is not valid") == 1, result.stdout
+    assert "Traceback" not in result.stdout, result.stdout
 
 
 def test_every_variable_the_code_reads_is_in_the_table():

@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import HvdDcasgdValueError
 
-__all__ = ["VARIABLES", "Settings", "Variable", "check_environment", "resolve", "setting", "settings"]
+__all__ = ["VARIABLES", "Settings", "Variable", "check_environment", "resolve", "resolve_at_import", "setting",
+           "settings"]
 
 PREFIX = "HVD_DCASGD_"
 
@@ -251,6 +252,23 @@ def resolve(name: str, argument: Any = None, environ: Optional[Mapping[str, str]
     ``argument`` (what the script passed) when not ``None``, else the
     table's one default."""
     return settings(environ).value(name, argument)
+
+
+def resolve_at_import(name: str) -> Any:
+    """Setting ``name`` for code run while the package is imported (the log
+    level, MPI's thread level), before MPI starts: a value that cannot be
+    used -- this variable's or another's -- does not fail the import on each
+    rank with a traceback of its own; ``init()`` says it once for the job
+    (``roles._settings_agreed``).  This variable's own bad value gives its
+    default here."""
+    try:
+        return resolve(name)
+    except HvdDcasgdValueError:
+        raw = os.environ.get(name, "")
+        try:
+            return _parse(VARIABLES[name], raw) if raw.strip() else VARIABLES[name].default
+        except HvdDcasgdValueError:
+            return VARIABLES[name].default
 
 
 def check_environment(environ: Optional[Mapping[str, str]] = None) -> List[str]:

@@ -24,7 +24,7 @@ import os
 import sys
 from typing import Optional
 
-from .config import resolve, setting
+from .config import resolve_at_import
 
 __all__ = ["LOGGER", "get_logger", "launcher_rank"]
 
@@ -80,11 +80,9 @@ def _set_up() -> None:
         return
     LOGGER.addFilter(_Rank())
     LOGGER.addHandler(_DefaultHandler())
-    level = setting("HVD_DCASGD_LOG_LEVEL")
-    if level is not None:
-        LOGGER.setLevel(getattr(logging, level.upper()))
-    elif LOGGER.level == logging.NOTSET:  # a level the script set before stays
-        LOGGER.setLevel(getattr(logging, resolve("HVD_DCASGD_LOG_LEVEL").upper()))
+    level = resolve_at_import("HVD_DCASGD_LOG_LEVEL")
+    if os.environ.get("HVD_DCASGD_LOG_LEVEL", "").strip() or LOGGER.level == logging.NOTSET:
+        LOGGER.setLevel(getattr(logging, level.upper()))  # a level the script set before stays, unless the variable says
 
 
 def get_logger(name: str = "") -> logging.Logger:

@@ -17,7 +17,7 @@ import os
 from types import ModuleType
 from typing import Any, Optional, Tuple
 
-from ..common.config import resolve
+from ..common.config import resolve_at_import
 from ..common.errors import HvdDcasgdError
 from ..common.log import get_logger
 
@@ -31,7 +31,7 @@ INSTALL_HINT = (
 
 
 def _setting() -> str:
-    return resolve("HVD_DCASGD_HOROVOD")
+    return resolve_at_import("HVD_DCASGD_HOROVOD")  # also read as the package is imported
 
 
 def _pt2pt_selected() -> bool:

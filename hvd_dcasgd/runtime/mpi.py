@@ -18,7 +18,7 @@ import sys
 from types import ModuleType
 from typing import Any, Dict
 
-from ..common.config import resolve
+from ..common.config import resolve_at_import
 from ..common.errors import HvdDcasgdError
 from .horovod import horovod_wanted
 
@@ -48,7 +48,7 @@ def choose_thread_level() -> None:
         import mpi4py
     except ImportError:
         return
-    level = resolve("HVD_DCASGD_THREAD_LEVEL")
+    level = resolve_at_import("HVD_DCASGD_THREAD_LEVEL")
     mpi4py.rc.thread_level = level if level != "auto" else "multiple" if horovod_wanted() else "serialized"
 
 

@@ -448,7 +448,7 @@ def sharded_replay(slices, records, args):
     torch.manual_seed(1000)  # the first server's seed: its weights are the initial ones
     initial = synthetic.Model()
     flat0 = torch.cat([initial.a.detach(), initial.b.detach()])
-    lambda_0 = {"constant": 0.04, "adaptive": 2.0}.get(args.compensation, 0.0)
+    lambda_0 = {"constant": 0.04, "adaptive": 8.0}.get(args.compensation, 0.0)
     shards = []
     for offset, numel in slices:
         weights = flat0[offset:offset + numel].clone()
@@ -545,7 +545,7 @@ def replay_paper(records, args):
     params = [model.a, model.b]
     backups = [[p.detach().clone() for p in params] for _ in range(WORKERS)]
     mean_squares = [torch.zeros_like(p) for p in params]
-    lambda_0 = {"constant": 0.04, "adaptive": 2.0}.get(args.compensation, 0.0)
+    lambda_0 = {"constant": 0.04, "adaptive": 8.0}.get(args.compensation, 0.0)
     wire = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compression]
     for r in records:
         m, k = r["worker"], r["step"]

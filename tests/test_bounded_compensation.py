@@ -117,7 +117,7 @@ def test_each_update_path_steps_with_the_oracles_gradient(path, bound):
     p = torch.nn.Parameter(weights)
     p.grad = grad
     optimizer = torch.optim.SGD([p], lr=0.1)
-    _update(weights, grad, backup, {"mean_square": ms}, compensation=Compensation("adaptive", bound=bound),
+    _update(weights, grad, backup, {"mean_square": ms}, compensation=Compensation("adaptive", lambda_0=2.0, bound=bound),
             optimizer=optimizer, lrs=[0.1], group_ranges=[(0, 3001)], path=path)
     expected_g, expected_ms = oracle(g.numpy(), w.numpy(), w_bak.numpy(), 2.0, bound, np.zeros(3001, F32))
     np.testing.assert_allclose(weights.numpy(), w.numpy() - F32(0.1) * expected_g, rtol=1e-5, atol=1e-6)
@@ -126,7 +126,7 @@ def test_each_update_path_steps_with_the_oracles_gradient(path, bound):
 
 
 def test_the_constants_are_settings_each_refused_where_its_compensation_ignores_it():
-    assert Compensation("adaptive").constants() == {"lambda_0": 2.0, "bound": 1.0, "mean_square_momentum": 0.95,
+    assert Compensation("adaptive").constants() == {"lambda_0": 8.0, "bound": 1.0, "mean_square_momentum": 0.95,
                                                     "eps": 1e-7}
     assert Compensation("gap_aware", gamma=0.9999).gamma == 0.9999
     for mode, name, value in [("gap_aware", "lambda_0", 2.0), ("adaptive", "gamma", 0.99), ("none", "bound", 1.0),
@@ -159,6 +159,6 @@ def test_a_checkpoint_from_before_the_bound_reads_as_the_rule_it_ran():
     old = dict(lambda_0=2.0, mean_square_momentum=0.95, eps=1e-7, per_worker_mean_square=False, schedule="async")
     from dataclasses import asdict
 
-    assert _constants_read({"mode": "adaptive", **old}) == asdict(Compensation("adaptive", bound=math.inf))
+    assert _constants_read({"mode": "adaptive", **old}) == asdict(Compensation("adaptive", lambda_0=2.0, bound=math.inf))
     assert _constants_read({"mode": "gap_aware", **old, "lambda_0": 0.0}) == asdict(Compensation("gap_aware"))
     assert _constants_read({"mode": "none", **old, "lambda_0": 0.0}) == asdict(Compensation("none"))

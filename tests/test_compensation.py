@@ -125,7 +125,7 @@ def test_default_is_fused_for_contiguous_cpu(monkeypatch):
 
 def test_compensation_defaults_and_validation():
     assert Compensation("constant").lambda_0 == 0.04
-    assert Compensation("adaptive").lambda_0 == 2.0
+    assert Compensation("adaptive").lambda_0 == 8.0
     assert Compensation("adaptive").bound == 1.0 and Compensation("constant").bound == 1.0
     assert Compensation("gap_aware").constants() == {"gamma": 0.999, "gap_eps": 1e-8}
     assert Compensation("none").lambda_0 is None and Compensation("none").constants() == {}, "ASGD has no constant"

@@ -118,3 +118,13 @@ def test_telemetry_writes_its_summary_as_json(tmp_path):
     assert summary["updates"] == 3 and summary["pushes"] == [2, 1]
     assert summary["staleness_histogram"] == {"0": 1, "1": 2} and summary["staleness_max"] == 1
     assert f"{summary['updates_per_s']:.1f} updates/s" in telemetry.summary()
+
+
+def test_the_tables_lambda_0_default_is_each_rules_own():
+    """HVD_DCASGD_LAMBDA's default differs by rule: the table shows each
+    rule's, and it must be the one the rule applies."""
+    from hvd_dcasgd.algorithm.rules import compensation_rule
+
+    shown = VARIABLES["HVD_DCASGD_LAMBDA"].shown
+    for mode in ("constant", "adaptive"):
+        assert f"{compensation_rule(mode).defaults['lambda_0']:g} ({mode})" in shown, (mode, shown)

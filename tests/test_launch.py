@@ -49,7 +49,7 @@ def rank_program(tmp_path):
 def test_trains_the_digits_example_with_two_workers():
     result = hvd_dcasgd_run("-n", 2, "examples/train_digits.py", "--epochs", 2, timeout=300)
     assert result.returncode == 0, result.stdout
-    assert re.search(r"final test accuracy \d\.\d+ \(compensation adaptive, lambda_0 2, bound 1, [^)]*2 workers", result.stdout), result.stdout
+    assert re.search(r"final test accuracy \d\.\d+ \(compensation adaptive, lambda_0 8, bound 1, [^)]*2 workers", result.stdout), result.stdout
 
 
 @pytest.mark.mpi
@@ -57,7 +57,7 @@ def test_trains_the_digits_example_with_two_workers():
 def test_trains_the_digits_example_on_two_servers():
     result = hvd_dcasgd_run("-n", 2, "--servers", 2, "examples/train_digits.py", "--epochs", 1, timeout=300)
     assert result.returncode == 0, result.stdout
-    assert re.search(r"final test accuracy \d\.\d+ \(compensation adaptive, lambda_0 2, bound 1, [^)]*2 workers", result.stdout), result.stdout
+    assert re.search(r"final test accuracy \d\.\d+ \(compensation adaptive, lambda_0 8, bound 1, [^)]*2 workers", result.stdout), result.stdout
     assert "hvd_dcasgd server 1: " in result.stdout and "hvd_dcasgd servers (all 2): " in result.stdout
 
 

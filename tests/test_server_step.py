@@ -40,7 +40,7 @@ def test_async_updates_match_naive_reference(optimizer_name, mode, staged, path)
         server.apply(worker)
         # the reference: the paper's formula, then the user's optimizer
         w = flat()
-        g = paper_compensation(mode, g, w, backups[worker], {"constant": 0.04, "adaptive": 2.0}.get(mode),
+        g = paper_compensation(mode, g, w, backups[worker], {"constant": 0.04, "adaptive": 8.0}.get(mode),
                                mean_square)
         reference_step(reference_optimizer, params, g, lrs)
         backups[worker] = flat()
@@ -195,12 +195,16 @@ def test_threaded_kernel_matches_torch(sgd, mode, two_threads):
         g = push_gradient(server, worker, seed=i, lrs=[0.1])
         server.apply(worker)
         w = reference.w.detach()
-        g = paper_compensation(mode, g, w, backups[worker], {"constant": 0.04, "adaptive": 2.0}.get(mode),
+        g = paper_compensation(mode, g, w, backups[worker], {"constant": 0.04, "adaptive": 8.0}.get(mode),
                                mean_square)
         reference.w.grad = g
         reference_optimizer.step()
         backups[worker] = reference.w.detach().clone()
-        assert torch.allclose(server.weights, reference.w.detach(), rtol=1e-5, atol=1e-6), f"update {i}"
+        # the kernel rounds in another order than torch: float32 rounding, grown by the correction (lambda_0 8)
+        # and Nesterov with weight decay over five updates, stays far below 1e-4 of the weights; a wrong term
+        # moves them by percents
+        diff = (server.weights - reference.w.detach()).abs().max().item()
+        assert torch.allclose(server.weights, reference.w.detach(), rtol=1e-4, atol=1e-6), f"update {i}: {diff}"
         assert torch.equal(server.backups[worker], server.weights), "w_bak(m) = w after m's push"
 
 

@@ -57,7 +57,7 @@ class Compensation:
         mode: a registered compensation (``none``, ``constant``, ``adaptive``,
             ``staleness``, ``gap_aware``, ...); ``"sync"`` is the shorthand
             for ``mode="none", schedule="sync"``.
-        lambda_0: DC-ASGD's lambda_0 (``constant`` 0.04, ``adaptive`` 2.0 by
+        lambda_0: DC-ASGD's lambda_0 (``constant`` 0.04, ``adaptive`` 8.0 by
             default).
         bound: DC-ASGD's bound on its correction, element by element, as a
             multiple of the gradient's size (default 1.0: the correction is

@@ -235,7 +235,8 @@ class AdaptiveCompensation(CompensationRule):
     the correction bounded by ``bound * |g|``."""
 
     name = "adaptive"
-    defaults = {"lambda_0": 2.0, "bound": _default("HVD_DCASGD_BOUND"),
+    # lambda_0 8: tuned with the bound at most values of M (docs/RESULTS.md, third design)
+    defaults = {"lambda_0": 8.0, "bound": _default("HVD_DCASGD_BOUND"),
                 "mean_square_momentum": _default("HVD_DCASGD_MEAN_SQUARE_MOMENTUM"),
                 "eps": _default("HVD_DCASGD_EPS")}
 

@@ -110,7 +110,7 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              "at lr / size() per asynchronous gradient) or none (as given); overrides "
              "DistributedOptimizer(lr_scaling=...)", _choice("horovod", "none"), default='horovod'),
     Variable("HVD_DCASGD_LAMBDA", "DC-ASGD's lambda_0 (constant and adaptive); overrides "
-             "DistributedOptimizer(lambda_0=...)", _non_negative_number, shown="0.04 (constant), 2 (adaptive)"),
+             "DistributedOptimizer(lambda_0=...)", _non_negative_number, shown="0.04 (constant), 8 (adaptive)"),
     Variable("HVD_DCASGD_BOUND", "DC-ASGD's bound on its correction, element by element, as a multiple of the "
              "gradient (constant and adaptive): 1 keeps the correction no larger than the gradient, so it never "
              "reverses it; inf is the paper's unbounded rule; overrides DistributedOptimizer(bound=...)",

@@ -34,12 +34,6 @@ class ServerPlace:
         """How a sentence about the whole rank names it ("rank 0 (the server)")."""
         raise NotImplementedError
 
-    def gpu(self, local_rank: int, device_count: int, current: int) -> int:
-        """The GPU it keeps the model on when none is asked for: ``current``
-        (the process's current device), or with several servers on a node the
-        one of its index among them (``local_rank``)."""
-        raise NotImplementedError
-
     @property
     def first_worker_rank(self) -> int:
         """The MPI rank of worker 0: the servers come first."""
@@ -90,9 +84,6 @@ class OnlyServer(ServerPlace):
     metrics_folder = "server"
     checkpoint_folder = None
 
-    def gpu(self, local_rank: int, device_count: int, current: int) -> int:
-        return current
-
     def trace_tag(self) -> Dict[str, Any]:
         return {}
 
@@ -113,9 +104,6 @@ class OneOfServers(ServerPlace):
     @property
     def rank_name(self) -> str:
         return f"rank {self.index} (server {self.index})"
-
-    def gpu(self, local_rank: int, device_count: int, current: int) -> int:
-        return local_rank % device_count
 
     @property
     def owner(self) -> str:

@@ -10,10 +10,18 @@ Launch with one rank more than workers: rank 0 is the parameter server.
 The names below load their module on first use (PEP 562), so that importing
 the package -- or its launcher, :mod:`hvd_dcasgd.launcher` -- costs nothing
 until something is asked of it.
+
+Importing it sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` unless the environment
+sets it: ``torch.cuda.is_available()``, which Horovod's scripts ask before
+``hvd.init()``, then counts the GPUs through NVML instead of starting CUDA, so
+that ``init()`` can still choose the GPUs this rank sees (docs/GPU.md).
 """
 
+import os as _os
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Dict
+
+_os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 #: The package's version, the one place it is written (pyproject.toml reads it).
 __version__ = "0.3.0"

@@ -34,33 +34,34 @@ export HVD_DCASGD_CHECKPOINT_DIR="${HVD_DCASGD_CHECKPOINT_DIR:-$REPO/checkpoints
 # Since SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task.
 export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"
 
-# GPUs per task (sbatch --gpus-per-task=N, as N or TYPE:N); one GPU per task
-# is pinned as hvd-dcasgd-run pins it: each rank sees every GPU of its node,
-# its own at the index hvd.local_rank() returns, so that Horovod's
-# torch.cuda.set_device(hvd.local_rank()) selects it (docs/LAUNCH.md).
+# GPUs per task (sbatch --gpus-per-task=N, as N or TYPE:N). With one GPU per
+# task every rank is given every GPU of its node, and its hvd.init() places
+# it among them (HVD_DCASGD_GPUS=auto, the default: the servers first, its
+# own at the index hvd.local_rank() returns, so that Horovod's
+# torch.cuda.set_device(hvd.local_rank()) selects it; docs/GPU.md). With
+# several per task each rank keeps the ones it is given (keep).
 per_task="${SLURM_GPUS_PER_TASK:+${SLURM_GPUS_PER_TASK##*:}}"
-PIN_ONE_GPU=("$PYTHON" "$REPO/hvd_dcasgd/launcher/rank.py" --rank-exec visible "${COMMAND[@]:1}")
+if [ -n "$per_task" ] && [ "$per_task" != 1 ]; then export HVD_DCASGD_GPUS="${HVD_DCASGD_GPUS:-keep}"; fi
 
 echo "hvd_dcasgd: $SERVERS server(s) + $((SLURM_NTASKS - SERVERS)) workers on ${SLURM_JOB_NUM_NODES:-?} node(s) ${SLURM_JOB_NODELIST:-?}, $LAUNCHER: ${COMMAND[*]}"
 case "$LAUNCHER" in
     srun)
         # With sbatch --gpus-per-task, srun inherits it and binds each rank to
         # its own GPUs (SLURM's implicit --gpu-bind=per_task); with one GPU per
-        # task, every rank sees the node's GPUs and pins its own (above).
+        # task, every rank sees the node's GPUs and takes its own (above).
         BIND=()
-        if [ "$per_task" = 1 ]; then BIND=(--gpu-bind=none); COMMAND=("${PIN_ONE_GPU[@]}"); fi
+        if [ "$per_task" = 1 ]; then BIND=(--gpu-bind=none); fi
         LAUNCH=(srun --mpi=pmix --kill-on-bad-exit=1 "${BIND[@]}" "${PLACEMENT[@]}" "${COMMAND[@]}")
         ;;
     mpirun)
         if [ -n "${SLURM_GPUS_PER_TASK:-}" ]; then
             # mpirun starts its daemon with one srun task per node: let that
             # step have all the node's GPUs (newer SLURM versions also pass
-            # the request as SLURM_TRES_PER_TASK), then give each rank its
-            # share, by its rank on the node.
+            # the request as SLURM_TRES_PER_TASK). One per task: each rank
+            # takes its own (above); several: each rank gets its share, by
+            # its rank on the node.
             unset SLURM_GPUS_PER_TASK SLURM_TRES_PER_TASK
-            if [ "$per_task" = 1 ]; then
-                COMMAND=("${PIN_ONE_GPU[@]}")
-            else
+            if [ "$per_task" != 1 ]; then
                 COMMAND=(bash -c 'gpus=(${CUDA_VISIBLE_DEVICES//,/ }) n='"$per_task"'; IFS=,
                     export CUDA_VISIBLE_DEVICES="${gpus[*]:OMPI_COMM_WORLD_LOCAL_RANK*n:n}"
                     exec "$@"' bind-gpus "${COMMAND[@]}")

@@ -205,6 +205,47 @@ def run_job(out, *args, **kwargs):
     return status, job.text()
 
 
+# --- GPU placement -----------------------------------------------------------
+def placed_ranks(folder: Path, size: int) -> list:
+    """What each of ``size`` ranks of ``programs/pinning.py`` wrote into ``folder``, by world rank."""
+    found = sorted(folder.glob("rank*.json"))
+    assert len(found) == size, f"{len(found)} of {size} ranks wrote what they see: {[p.name for p in found]}"
+    return sorted((json.loads(p.read_text()) for p in found), key=lambda r: r["world_rank"])
+
+
+def gpu_placement_problems(ranks: list, gpus: list) -> list:
+    """What is wrong with the GPUs ``ranks`` (:func:`placed_ranks`) see among the stand-in ids ``gpus``, by
+    the rule of docs/GPU.md, written out here: on each host the servers take the first GPUs, one each; each
+    worker takes one no server of its host holds (any, where the servers took them all), the workers together
+    every one the servers leave, as evenly as they can; each rank sees every GPU, its own at its
+    ``hvd.local_rank()`` (or its own alone, where that index is past the list)."""
+    problems = []
+    for host in sorted({r["host"] for r in ranks}):
+        here = [r for r in ranks if r["host"] == host]
+        owns = {True: [], False: []}  # servers', workers' own GPUs
+        for r in here:
+            same_role = [o for o in here if o["server"] == r["server"] and o["world_rank"] < r["world_rank"]]
+            if r["local_rank"] != len(same_role):
+                problems.append(f"{host} rank {r['world_rank']}: hvd.local_rank() {r['local_rank']} is not its place "
+                                f"among its host's {'servers' if r['server'] else 'workers'} ({len(same_role)})")
+            seen = r["visible"].split(",")
+            turned = any(seen == gpus[i:] + gpus[:i] for i in range(len(gpus)))
+            if not (turned if r["local_rank"] < len(gpus) else len(seen) == 1 and seen[0] in gpus):
+                problems.append(f"{host} rank {r['world_rank']} sees {r['visible']!r}: not every GPU turned, nor "
+                                f"its own alone")
+            owns[r["server"]].append(seen[r["local_rank"] % len(seen)])
+        if owns[True] != [gpus[i % len(gpus)] for i in range(len(owns[True]))]:
+            problems.append(f"{host}: the servers are on {owns[True]}, not the first GPUs one each")
+        left = [g for g in gpus if g not in owns[True]] or gpus
+        workers = owns[False]
+        if any(g not in left for g in workers):
+            problems.append(f"{host}: a worker shares a server's GPU ({workers}, the servers' {owns[True]})")
+        counts = [workers.count(g) for g in left]
+        if workers and max(counts) - min(counts) > 1:
+            problems.append(f"{host}: the workers are on {workers}, not spread over {left}")
+    return problems
+
+
 # --- the paper's formula ---------------------------------------------------
 def paper_compensation(mode, g, w, w_bak, lambda_0, mean_square=None, bound=1.0):
     """DC-ASGD's compensated gradient, as the paper writes it: Eq. 10,

@@ -1,26 +1,24 @@
 """hvd-dcasgd-run: real runs through the real mpirun (training, GPU pinning, exit
 status, dry run, clear errors), and the command built for each MPI and layout."""
 
-import json
 import re
 import shlex
 import shutil
 import sys
 import pytest
 
-from helpers import ROOT, run
+from helpers import PROGRAMS, ROOT, gpu_placement_problems, mpirun, placed_ranks, run
 
-from hvd_dcasgd.launcher import command, launch, rank
-from hvd_dcasgd.launcher.command import MPICH, OPEN_MPI
+from hvd_dcasgd.launcher import command, launch
+from hvd_dcasgd.launcher.command import MPICH, OPEN_MPI, LaunchError
 from hvd_dcasgd.launcher.probe import Machine
-from hvd_dcasgd.launcher.rank import LaunchError
 
 LAUNCHER = ROOT / "launch" / "hvd-dcasgd-run"
 PY = "/opt/python"
 SCRIPT = "train.py"
 RANK_PROGRAM = """\
 import os, sys
-line = f"rank {os.environ['OMPI_COMM_WORLD_RANK']} gpu {os.environ.get('CUDA_VISIBLE_DEVICES')!r} args {sys.argv[1:]}"
+line = f"rank {os.environ['OMPI_COMM_WORLD_RANK']} gpus {os.environ.get('HVD_DCASGD_GPUS')!r} args {sys.argv[1:]}"
 os.write(1, (line + "\\n").encode())  # one write per rank, so lines from different ranks do not interleave
 sys.exit(int(os.environ.get("EXIT_STATUS", "0")))
 """
@@ -61,39 +59,49 @@ def test_trains_the_digits_example_on_two_servers():
     assert "hvd_dcasgd server 1: " in result.stdout and "hvd_dcasgd servers (all 2): " in result.stdout
 
 
-@pytest.mark.parametrize("gpus, expected", [
-    # server on 4, workers over 5 and 6, each GPU at the index of hvd.local_rank() (0, 1, 2 for the workers)
-    ("4,5,6", {"0": "'4,5,6'", "1": "'5,6,4'", "2": "'5,6,4'", "3": "'6,4,5'"}),
-    ("7", {"0": "'7'", "1": "'7'", "2": "'7'", "3": "'7'"}),      # one GPU: every rank shares it
-    ("none", {"0": "''", "1": "''", "2": "''", "3": "''"}),        # CPU only
-])
 @pytest.mark.mpi
-def test_each_rank_gets_its_gpu_and_the_script_its_arguments(tmp_path, gpus, expected):
-    result = hvd_dcasgd_run("-n", 3, "--gpus", gpus, "--verbose", rank_program(tmp_path), "-n", 9, "--flag")
+def test_every_rank_gets_the_gpus_setting_and_the_script_its_arguments(tmp_path):
+    result = hvd_dcasgd_run("-n", 3, "--gpus", "4, 5,6", "--verbose", rank_program(tmp_path), "-n", 9, "--flag")
     assert result.returncode == 0, result.stdout
-    seen = dict(re.findall(r"^rank (\d) gpu ('[\d,]*'|None) args \['-n', '9', '--flag'\]$", result.stdout, re.M))
-    assert seen == expected, result.stdout
+    seen = dict(re.findall(r"^rank (\d) gpus ('[\d,]*'|None) args \['-n', '9', '--flag'\]$", result.stdout, re.M))
+    assert seen == {str(r): "'4,5,6'" for r in range(4)}, result.stdout
     assert "hvd-dcasgd-run: " + shlex.quote(shutil.which("mpirun")) + " " in result.stdout
 
 
+@pytest.mark.parametrize("gpus, expected", [
+    # server on 4, workers over 5 and 6, each GPU at the index of hvd.local_rank() (0, 1, 2 for the workers)
+    ("4,5,6", ["4,5,6", "5,6,4", "5,6,4", "6,4,5"]),
+    ("7", ["7", "7", "7", "7"]),      # one GPU: every rank shares it
+    ("none", ["", "", "", ""]),        # CPU only
+])
 @pytest.mark.mpi
-@pytest.mark.parametrize("workers, servers", [(3, 1), (5, 1), (3, 2)])
-def test_set_device_of_local_rank_selects_the_pinned_gpu(workers, servers):
-    """Horovod's ``torch.cuda.set_device(hvd.local_rank())``, unchanged: in the list each rank sees (four
-    stand-in GPU ids, no CUDA needed), the entry at ``hvd.local_rank()`` -- or at its remainder by the length
-    of the list, where a node has more workers than GPUs -- is the GPU the launcher pinned it to."""
-    gpus = ["0", "1", "2", "3"]
-    result = hvd_dcasgd_run("-n", workers, "--servers", servers, "--gpus", ",".join(gpus),
-                            ROOT / "tests" / "programs" / "pinning.py")
+def test_hvd_init_places_each_rank_on_the_gpus_the_launcher_passes(tmp_path, gpus, expected):
+    result = hvd_dcasgd_run("-n", 3, "--gpus", gpus, PROGRAMS / "pinning.py", tmp_path,
+                            env={"CUDA_VISIBLE_DEVICES": "0,1"})
     assert result.returncode == 0, result.stdout
-    # each rank prints one JSON object; mpirun may join two ranks' output on one line
-    ranks = [json.loads(found) for found in re.findall(r"\{[^{}]*\}", result.stdout)]
-    assert sorted(r["world_rank"] for r in ranks) == list(range(workers + servers)), result.stdout
-    for r in ranks:
-        visible = r["visible"].split(",")
-        assert r["server"] == (r["world_rank"] < servers)
-        assert visible[r["local_rank"] % len(visible)] == rank.gpu_for_rank(r["world_rank"], r["world_rank"], gpus), r
-        assert len(visible) == (1 if r["local_rank"] >= len(gpus) else len(gpus)), r
+    assert [r["visible"] for r in placed_ranks(tmp_path, 4)] == expected
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("workers, servers, env", [
+    (3, 1, {"HVD_DCASGD_GPUS": "0,1,2,3"}),
+    (5, 1, {"HVD_DCASGD_GPUS": "0,1,2,3"}),
+    (3, 2, {"HVD_DCASGD_GPUS": "0,1,2,3", "HVD_DCASGD_SERVERS": "2"}),
+    (4, 2, {"HVD_DCASGD_GPUS": "", "CUDA_VISIBLE_DEVICES": "0,1,2,3", "HVD_DCASGD_SERVERS": "2"}),  # auto
+])
+def test_plain_mpirun_gets_each_worker_a_gpu_no_server_holds(tmp_path, workers, servers, env):
+    """A plain ``mpirun`` (no launcher), one host: in the list each rank sees (four stand-in GPU ids, no CUDA
+    needed), the entry at ``hvd.local_rank()`` -- Horovod's ``torch.cuda.set_device(hvd.local_rank())`` --, or
+    at its remainder by the list's length where a node has more workers than GPUs, is a GPU no server holds,
+    and the workers together use every GPU the servers leave."""
+    result = mpirun(workers + servers, PROGRAMS / "pinning.py", tmp_path, env=env)
+    assert result.returncode == 0, result.stdout
+    ranks = placed_ranks(tmp_path, workers + servers)
+    assert [r["server"] for r in ranks] == [r < servers for r in range(workers + servers)]
+    assert gpu_placement_problems(ranks, ["0", "1", "2", "3"]) == []
+    workers_on = {r["visible"].split(",")[r["local_rank"] % len(r["visible"].split(","))]
+                  for r in ranks if not r["server"]}
+    assert workers_on == set("0123") - {str(s) for s in range(servers)}
 
 
 @pytest.mark.mpi
@@ -136,7 +144,8 @@ def test_detects_mpich_by_its_version_text(tmp_path):
     (("-n", 2, "--hosts", "a:0", "examples/train_digits.py"), {},
      "hvd-dcasgd-run: 'a:0' in --hosts is not host or host:slots with slots a positive number."),
     (("-n", 2, "--gpus", "0,,1", "examples/train_digits.py"), {},
-     "hvd-dcasgd-run: --gpus '0,,1' is not auto, none, or a list of GPU ids such as 0,1,2."),
+     "hvd-dcasgd-run: --gpus '0,,1' is not valid: use auto, none, keep, or GPU ids such as 0,1,2 (numbers or "
+     "UUIDs, each once)."),
 ])
 def test_bad_launch_says_one_sentence_and_exits_2(tmp_path, args, env, sentence):
     result = hvd_dcasgd_run(*args, env={"PATH": str(tmp_path)} if env == "empty PATH" else env)
@@ -152,13 +161,6 @@ def test_a_launcher_of_another_mpi_is_refused(tmp_path):
     assert result.returncode == 2, result.stdout
     assert result.stdout.startswith(f"hvd-dcasgd-run: {fake} is neither Open MPI's nor MPICH's launcher"), result.stdout
     assert "Traceback" not in result.stdout
-
-
-def test_rank_step_outside_an_mpi_job_says_so(tmp_path):
-    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launcher" / "rank.py"), "--rank-exec", "0,1", "x.py"],
-                 env={name: "" for name in rank.WORLD_RANK_VARIABLES + rank.LOCAL_RANK_VARIABLES})
-    assert result.returncode == 2, result.stdout
-    assert result.stdout.startswith("hvd-dcasgd-run: --rank-exec runs inside an MPI job, but none of"), result.stdout
 
 
 # The command built for each MPI and layout (no MPI started).
@@ -262,48 +264,22 @@ def test_mpich_gets_asynchronous_progress_and_its_own_options(tmp_path):
     assert plan.command == ["mpiexec", "-n", "5", "-f", str(hostfile), PY, SCRIPT, "--epochs", "5"]
 
 
-@pytest.mark.parametrize("flag, found, pinned", [
-    ("auto", ("0", "1"), "0,1"),
-    ("auto", (), None),
-    ("none", ("0", "1"), "none"),
-    ("2,3", (), "2,3"),
-])
-def test_gpu_pinning_goes_through_the_rank_step_only_when_there_is_something_to_set(flag, found, pinned):
-    plan = command.build(options("-n", "2", "--gpus", flag), Machine(OPEN_MPI, "mpirun", cores=8, gpus=found), {})
-    tail = [SCRIPT, "--epochs", "5"]
-    if pinned is None:
-        assert plan.command[-4:] == [PY, *tail]
-    else:
-        assert plan.command[-7:] == [PY, str(ROOT / "hvd_dcasgd" / "launcher" / "rank.py"), "--rank-exec", pinned, *tail]
-
-
-def test_gpu_for_each_rank():
-    gpus = ["0", "1", "2", "3"]
-    server_node = [rank.gpu_for_rank(r, r, gpus) for r in range(6)]
-    assert server_node == ["0", "1", "2", "3", "1", "2"]
-    other_node = [rank.gpu_for_rank(6 + local, local, gpus) for local in range(5)]
-    assert other_node == ["0", "1", "2", "3", "0"]
-    assert {rank.gpu_for_rank(r, r % 2, ["5"]) for r in range(4)} == {"5"}
+def test_gpus_reach_every_rank_as_hvd_dcasgd_gpus():
+    machine = Machine(OPEN_MPI, "mpirun", cores=8)
+    tail = [PY, SCRIPT, "--epochs", "5"]
+    assert command.build(options("-n", "2"), machine, {}).command[-4:] == tail  # auto: each rank's default
+    plan = command.build(options("-n", "2", "--gpus", "2, 3"), machine, {})
+    assert plan.command[-6:] == ["-x", "HVD_DCASGD_GPUS=2,3", *tail]
+    plan = command.build(options("-n", "2", "--gpus", "None"), machine, {"HVD_DCASGD_GPUS": "keep"})  # --gpus wins
+    assert plan.command[-7:] == ["sm", "-x", "HVD_DCASGD_GPUS=none", *tail]
+    plan = command.build(options("-n", "2"), machine, {"HVD_DCASGD_GPUS": "keep"})  # the caller's own
+    assert plan.command[-6:] == ["-x", "HVD_DCASGD_GPUS", *tail]
+    mpich = command.build(options("-n", "2", "--gpus", "keep"), Machine(MPICH, "mpiexec"), {"PYTHONPATH": "/src"})
+    assert mpich.command == ["mpiexec", "-n", "3", "-genv", "MPIR_CVAR_ASYNC_PROGRESS", "1", "-genv",
+                             "HVD_DCASGD_GPUS", "keep", "-genvlist", "PYTHONPATH", *tail]
 
 
 def test_everything_after_the_script_goes_to_the_script():
     args = launch.parser().parse_args(["-n", "2", "train.py", "-n", "3", "--dry-run", "--", "x"])
     assert (args.workers, args.dry_run, args.script, args.script_args) == (2, False, "train.py",
                                                                            ["-n", "3", "--dry-run", "--", "x"])
-
-
-# Each rank sees the list turned so that its own GPU stands at the index of its hvd.local_rank().
-@pytest.mark.parametrize("env, expected", [
-    ({"PMI_RANK": "0", "MPI_LOCALRANKID": "0"}, "'4,5,6'"),   # MPICH's Hydra: the server, GPU 4 at 0
-    ({"PMI_RANK": "2", "MPI_LOCALRANKID": "2"}, "'5,6,4'"),   # the server node's worker 1: GPU 6 at 1
-    ({"PMI_RANK": "5", "MPI_LOCALRANKID": "1"}, "'4,5,6'"),   # another node's worker 1: GPU 5 at 1
-    ({"PMIX_RANK": "3", "SLURM_LOCALID": "0"}, "'4,5,6'"),    # srun --mpi=pmix, another node's worker 0: GPU 4
-])
-def test_the_rank_step_reads_mpich_and_slurm_rank_variables(tmp_path, env, expected):
-    program = tmp_path / "gpu.py"
-    program.write_text("import os; print('gpu', repr(os.environ.get('CUDA_VISIBLE_DEVICES')))\n")
-    blank = {name: "" for name in rank.WORLD_RANK_VARIABLES + rank.LOCAL_RANK_VARIABLES}
-    result = run([sys.executable, str(ROOT / "hvd_dcasgd" / "launcher" / "rank.py"), "--rank-exec", "4,5,6", program],
-                 env={**blank, **env})
-    assert result.returncode == 0, result.stdout
-    assert result.stdout.strip() == f"gpu {expected}"

@@ -23,7 +23,8 @@ import torch
 
 from hvd_dcasgd.common.process import run_command
 from helpers import (PROGRAMS, ROOT, TRAINING, WORKERS, BackgroundJob, check_final_weights, check_history,
-                     check_resumed_sharded, flat_ab, mpirun, per_shard, run, sharded_replay, trace, unavailable)
+                     check_resumed_sharded, flat_ab, gpu_placement_problems, mpirun, per_shard, placed_ranks, run,
+                     sharded_replay, trace, unavailable)
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
@@ -125,6 +126,21 @@ def test_sync_across_hosts_equals_one_host_bit_for_bit(cluster, tmp_path, server
     one = flat_ab(torch.load(tmp_path / "one" / "worker0.pt", weights_only=True))
     for m in range(WORKERS):
         assert torch.equal(flat_ab(torch.load(tmp_path / "hosts" / f"worker{m}.pt", weights_only=True)), one), m
+
+
+def test_two_servers_mapped_by_node_put_each_worker_on_a_gpu_no_server_of_its_host_holds(cluster, tmp_path):
+    """``--servers 2 -H a:3,b:3``: the launcher adds ``--map-by node``, so a holds ranks 0, 2, 4 (server 0,
+    workers 0 and 2) and b ranks 1, 3, 5 (server 1, workers 1 and 3), and each host's first worker has
+    ``hvd.local_rank()`` 0.  With four stand-in GPU ids, every rank's ``hvd.init()`` places it by the ranks
+    really on its host: each server on its host's first GPU, each worker on one of the others, at the index of
+    its ``hvd.local_rank()``."""
+    result = run(on_a(cluster, sys.executable, LAUNCHER, "-n", 4, "--servers", 2, "-H", "a:3,b:3",
+                      "--gpus", "0,1,2,3", PROGRAMS / "pinning.py", tmp_path), env=cluster, timeout=180)
+    assert result.returncode == 0, result.stdout[-4000:]
+    ranks = placed_ranks(tmp_path, 6)
+    assert [r["host"] for r in ranks] == ["a", "b", "a", "b", "a", "b"]
+    assert gpu_placement_problems(ranks, ["0", "1", "2", "3"]) == []
+    assert [r["visible"] for r in ranks if r["host"] == "b"] == ["0,1,2,3", "1,2,3,0", "1,2,3,0"]
 
 
 def test_one_worker_on_another_host_equals_one_host_bit_for_bit(cluster, tmp_path):

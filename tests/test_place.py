@@ -1,5 +1,5 @@
 """A server's place among the job's servers: what differs with their number
-is asked of it, and the exits' rank names and the server's GPU come from it."""
+is asked of it, and the exits' rank names come from it."""
 
 import pytest
 
@@ -23,14 +23,6 @@ def test_one_server_is_the_only_server_and_several_are_each_one_of_them():
 ])
 def test_a_fatal_sentence_names_the_rank_by_its_role(world_rank, servers, name):
     assert rank_name(world_rank, servers) == name
-
-
-def test_the_only_server_keeps_the_current_gpu_and_several_on_a_node_take_one_each():
-    assert place_of(0, 1).gpu(local_rank=0, device_count=4, current=2) == 2
-    # two servers on a node with 4 GPUs: servers 0 and 1 are local ranks 0 and 1 among the node's servers
-    assert [place_of(s, 2).gpu(local_rank=s, device_count=4, current=0) for s in range(2)] == [0, 1]
-    # more servers on a node than GPUs: they share, round-robin
-    assert [place_of(s, 3).gpu(local_rank=s, device_count=2, current=0) for s in range(3)] == [0, 1, 0]
 
 
 def test_each_place_has_its_own_folders_and_trace_tags():

@@ -5,6 +5,7 @@ without a cluster (tests/test_slurm.py submits them to a real one)."""
 
 import os
 import re
+import shutil
 import signal
 import stat
 import subprocess
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, run
+from helpers import PROGRAMS, ROOT, gpu_placement_problems, placed_ranks, run
 
 STAND_IN = """#!/bin/sh
 echo "$(basename "$0") $*"
@@ -46,17 +47,17 @@ def stand_ins(tmp_path):
     return tmp_path
 
 
-def submit(script, stand_ins, *args, **env):
+def submit(script, stand_ins, *args, timeout=30, **env):
     """``bash slurm/SCRIPT ARGS`` with the stand-ins first on PATH, in a
     3-task allocation unless ``env`` says otherwise; the scripts' own
     defaults, not this machine's MPI settings."""
     env = {"PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": "srun",
            "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "3",
            **dict.fromkeys(("OMPI_MCA_osc", "OMPI_MCA_btl", "OMPI_MCA_pml", "HVD_DCASGD_HOROVOD", "OMP_NUM_THREADS",
-                            "HVD_DCASGD_CHECKPOINT_DIR", "OMPI_MCA_odls_base_sigkill_timeout"),
+                            "HVD_DCASGD_CHECKPOINT_DIR", "OMPI_MCA_odls_base_sigkill_timeout", "HVD_DCASGD_GPUS"),
                            ""),
            **env}
-    return run(["bash", ROOT / "slurm" / script, *args], env=env, timeout=30)
+    return run(["bash", ROOT / "slurm" / script, *args], env=env, timeout=timeout)
 
 
 def batch(script, stand_ins, launcher, **extra):
@@ -94,38 +95,52 @@ def test_mpirun_branch_binds_one_gpu_per_rank(stand_ins, script):
     assert f"\nmpirun {root}-np 5 bash -c " in out, out
     env = exported(out)
     assert "SLURM_GPUS_PER_TASK" not in env and "SLURM_TRES_PER_TASK" not in env, "the daemon's step gets every GPU"
+    assert env["HVD_DCASGD_GPUS"] == "keep", "each rank keeps the two it is given"
     # two GPUs per task: local rank 0 gets the node's first two, rank 1 the next two
     assert "rank 0 sees GPUs '0,1'" in out and "rank 1 sees GPUs '2,3'" in out, out
 
 
-#: A program that says what its rank was given.
-SEES = ("import os; print('rank', os.environ['OMPI_COMM_WORLD_RANK'], 'local', os.environ['OMPI_COMM_WORLD_LOCAL_RANK'],"
-        " 'sees', os.environ['CUDA_VISIBLE_DEVICES'], flush=True)")
+#: ``srun`` and ``mpirun`` that start the command for real, as 4 ranks of a node with four GPUs, under this
+#: machine's mpirun (REAL), without the test's empty settings.
+REAL_RANKS = """
+for name in $(env | sed -n 's/^\\(OMPI_MCA_[A-Za-z0-9_]*\\|HVD_DCASGD_[A-Z_]*\\)=$/\\1/p'); do unset "$name"; done
+export CUDA_VISIBLE_DEVICES=0,1,2,3
+if [ "$(basename "$0")" = srun ]; then
+    while [ "${1#-}" != "$1" ]; do shift; done  # srun's options, then the command
+    exec REAL --oversubscribe $([ "$(id -u)" -eq 0 ] && echo --allow-run-as-root) -np "$SLURM_NTASKS" "$@"
+fi
+exec REAL --oversubscribe "$@"
+"""
 
 
+@pytest.mark.mpi
 @pytest.mark.parametrize("launcher", ["srun", "mpirun"])
-def test_one_gpu_per_task_is_pinned_at_the_index_of_local_rank(stand_ins, launcher, tmp_path):
-    """sbatch --gpus-per-task=1: each rank runs through hvd-dcasgd-run's pinning step (a real Python here) over
-    the GPUs of its node, and sees them turned as the launcher turns them (docs/LAUNCH.md)."""
-    from hvd_dcasgd.launcher.rank import visible_devices
-
-    (stand_ins / "venv" / "bin" / "python").unlink()
-    (stand_ins / "venv" / "bin" / "python").symlink_to(sys.executable)
-    program = tmp_path / "sees.py"
-    program.write_text(SEES + "\n")
-    ranks = ("shift 2; [ \"$1\" = \"--allow-run-as-root\" ] && shift 2 || shift 1\n" if launcher == "mpirun" else
-             "while [ \"${1#-}\" != \"$1\" ]; do shift; done\n")  # srun: its options, then the command
-    ranks += ("for rank in 0 1 2 3; do OMPI_COMM_WORLD_RANK=$rank OMPI_COMM_WORLD_LOCAL_RANK=$rank "
-              "CUDA_VISIBLE_DEVICES=0,1,2,3 \"$@\"; done\n")
-    executable(stand_ins / "bin" / launcher, STAND_IN + ranks)
-    result = submit("one_node.sbatch", stand_ins, program, HVD_DCASGD_LAUNCHER=launcher, SLURM_NTASKS="4",
-                    SLURM_GPUS_PER_TASK="1")
+def test_one_gpu_per_task_gives_every_rank_the_nodes_gpus_and_init_places_it(stand_ins, launcher, tmp_path):
+    """sbatch --gpus-per-task=1: every rank is started as it is, given every GPU of its node (``srun
+    --gpu-bind=none``; under ``mpirun``, the daemon's step holds them), and its ``hvd.init()`` places it: the
+    server on the first, each worker on its own at the index of its ``hvd.local_rank()``."""
+    executable(stand_ins / "venv" / "bin" / "python", f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    executable(stand_ins / "bin" / launcher, STAND_IN + REAL_RANKS.replace("REAL", shutil.which("mpirun")))
+    out = tmp_path / "ranks"
+    out.mkdir()
+    result = submit("one_node.sbatch", stand_ins, PROGRAMS / "pinning.py", out, HVD_DCASGD_LAUNCHER=launcher,
+                    SLURM_NTASKS="4", SLURM_GPUS_PER_TASK="1", timeout=180)
     assert result.returncode == 0, result.stdout
-    if launcher == "srun":
-        assert "srun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none " in result.stdout, result.stdout
-    seen = dict(re.findall(r"^rank (\d) local \d sees ([\d,]+)$", result.stdout, re.M))
-    assert seen == {str(r): visible_devices(r, r, ["0", "1", "2", "3"]) for r in range(4)}, result.stdout
-    assert seen["1"] == "1,2,3,0", "worker 0 (hvd.local_rank() 0) on GPU 1"
+    python = stand_ins / "venv" / "bin" / "python"
+    started = {"srun": f"srun --mpi=pmix --kill-on-bad-exit=1 --gpu-bind=none {python} {PROGRAMS / 'pinning.py'}",
+               "mpirun": f"-np 4 {python} {PROGRAMS / 'pinning.py'}"}[launcher]
+    assert started in result.stdout, result.stdout
+    assert exported(result.stdout).get("HVD_DCASGD_GPUS", "") == "", "auto, each rank's default"
+    ranks = placed_ranks(out, 4)
+    assert [r["visible"] for r in ranks] == ["0,1,2,3", "1,2,3,0", "1,2,3,0", "1,2,3,0"]
+    assert gpu_placement_problems(ranks, ["0", "1", "2", "3"]) == []
+
+
+def test_several_gpus_per_task_are_kept_as_slurm_binds_them(stand_ins):
+    out = batch("one_node.sbatch", stand_ins, "srun", SLURM_GPUS_PER_TASK="2")
+    assert "--gpu-bind" not in out and exported(out)["HVD_DCASGD_GPUS"] == "keep", out
+    out = batch("one_node.sbatch", stand_ins, "srun", SLURM_GPUS_PER_TASK="2", HVD_DCASGD_GPUS="none")
+    assert exported(out)["HVD_DCASGD_GPUS"] == "none", "the user's setting wins"
 
 
 @pytest.mark.parametrize("script", ["one_node.sbatch", "multi_node.sbatch"])

@@ -25,7 +25,6 @@ from ..common.errors import HvdDcasgdError, HvdDcasgdValueError
 from ..protocol.layout import ModelLayout
 from ..runtime.exits import rendezvous
 from ..runtime.horovod import require_horovod
-from ..runtime.place import place_of
 from ..runtime.roles import LOCAL, SERVER, WORKER, Runtime, runtime
 from ..serving.session import HorovodSession, idle_server, run_server, start_worker
 from .compression import Compression, Compressor
@@ -37,16 +36,17 @@ __all__ = ["BACKENDS", "METHODS", "DistributedOptimizer"]
 
 
 def _server_device(rt: Runtime, requested: Optional[str]) -> torch.device:
-    """The server's device: as asked, else its GPU when it has one (with
-    several servers on a node, each its own: the one of its index among
-    them), else the CPU."""
+    """The server's device: as asked, else its GPU when it has one, else the
+    CPU.  Its GPU (also for a bare ``cuda``) is the one at its index among
+    the servers of its node, ``hvd.local_rank()``, where ``init()`` put it
+    (docs/GPU.md); modulo the GPUs it sees, where it sees fewer."""
     requested = resolve("HVD_DCASGD_SERVER_DEVICE", requested)
-    if requested:
-        return torch.device(requested)
+    device = torch.device(requested) if requested else None
+    if device is not None and (device.type != "cuda" or device.index is not None):
+        return device
     if not torch.cuda.is_available():
-        return torch.device("cpu")
-    place = place_of(rt.shard, rt.servers)
-    return torch.device("cuda", place.gpu(rt.local_rank, torch.cuda.device_count(), torch.cuda.current_device()))
+        return device or torch.device("cpu")
+    return torch.device("cuda", rt.local_rank % torch.cuda.device_count())
 
 
 def DistributedOptimizer(

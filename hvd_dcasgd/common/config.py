@@ -64,6 +64,18 @@ def _positive_integer(raw: str) -> int:
     return int(raw)
 
 
+def _gpus(raw: str) -> Any:
+    """``auto``, ``none``, ``keep``, or GPU ids (numbers or UUIDs, each once) as a tuple."""
+    value = raw.strip()
+    if value.lower() in ("auto", "none", "keep"):
+        return value.lower()
+    ids = tuple(part.strip() for part in value.split(","))
+    if not all(ids) or any(len(i.split()) != 1 or i.lower() in ("auto", "none", "keep") for i in ids) \
+            or len(set(ids)) != len(ids):
+        raise ValueError("use auto, none, keep, or GPU ids such as 0,1,2 (numbers or UUIDs, each once)")
+    return ids
+
+
 def _bound(raw: str) -> float:
     if raw.strip().lower() in ("inf", "infinity", "none"):
         return math.inf
@@ -163,7 +175,13 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              default=64 << 20),
     Variable("HVD_DCASGD_SERVERS", "how many server ranks: world ranks 0..S-1 serve one slice of the "
              "parameters each, the rest are workers; overrides init(servers=...)", _positive_integer, default=1),
-    Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device", shown="CUDA when it has one, else the CPU"),
+    Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device",
+             shown="its GPU when it sees one (cuda:N, N its hvd.local_rank() modulo the GPUs it sees), else the CPU"),
+    Variable("HVD_DCASGD_GPUS", "the GPUs init() places the ranks of each node on, by setting CUDA_VISIBLE_DEVICES "
+             "before CUDA starts (docs/GPU.md): auto (the ids in CUDA_VISIBLE_DEVICES if it is set, else one per "
+             "line of nvidia-smi -L, else none and nothing is pinned), none (CPU only: CUDA_VISIBLE_DEVICES set "
+             "empty), keep (CUDA_VISIBLE_DEVICES left as it is) or GPU ids such as 0,1,2 (numbers or UUIDs); the "
+             "node's servers take the first GPUs, its workers the others", _gpus, default="auto"),
     Variable("HVD_DCASGD_HOROVOD", "auto, 0 or 1: start Horovod among the workers", _choice("auto", "0", "1"), default='auto'),
     Variable("HVD_DCASGD_THREAD_LEVEL", "the MPI thread level mpi4py asks for (auto: multiple when Horovod "
              "starts on the workers, else serialized)", _choice("auto", "single", "funneled", "serialized", "multiple"),

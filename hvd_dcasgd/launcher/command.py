@@ -1,7 +1,8 @@
 """The MPI command ``hvd-dcasgd-run`` runs: hosts, ranks, the one-sided
-component, the environment every rank gets and what each rank runs, for Open
-MPI's ``mpirun`` or MPICH's ``mpiexec``, with the reason for each choice
-(:func:`build`; it reads nothing but a hostfile and runs nothing)."""
+component, the environment every rank gets (``HVD_DCASGD_GPUS`` from
+``--gpus`` among it) and what each rank runs, for Open MPI's ``mpirun`` or
+MPICH's ``mpiexec``, with the reason for each choice (:func:`build`; it reads
+nothing but a hostfile and runs nothing)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-from . import rank
-from .rank import NO_GPU, RANK_EXEC, LaunchError
-
 if TYPE_CHECKING:
     from .probe import Machine
 
 OPEN_MPI, MPICH = "openmpi", "mpich"
+
+
+class LaunchError(Exception):
+    """A launch that cannot go ahead; the message is one sentence for the user."""
+
 
 # Open MPI parameters that together choose how one-sided operations travel.
 ONE_SIDED_MCA = ("pml", "btl", "osc")
@@ -97,16 +100,17 @@ def hosts_of(args: argparse.Namespace, flavour: str) -> list[Host]:
     return []
 
 
-def parse_gpus(value: str) -> Optional[tuple[str, ...]]:
-    """``--gpus`` as a tuple of GPU ids, ``()`` for none, or None for auto."""
-    if value == "auto":
+def parse_gpus(value: Optional[str]) -> Optional[str]:
+    """``--gpus`` checked as ``HVD_DCASGD_GPUS`` is, written as every rank gets it (None: not given)."""
+    from ..common.config import VARIABLES
+
+    if value is None:
         return None
-    if value == NO_GPU:
-        return ()
-    ids = tuple(part.strip() for part in value.split(","))
-    if not all(ids):
-        raise LaunchError(f"--gpus {value!r} is not auto, none, or a list of GPU ids such as 0,1,2.")
-    return ids
+    try:
+        parsed = VARIABLES["HVD_DCASGD_GPUS"].parse(value)
+    except ValueError as exc:
+        raise LaunchError(f"--gpus {value!r} is not valid: {exc}.") from None
+    return parsed if isinstance(parsed, str) else ",".join(parsed)
 
 
 def user_mca(mpi_args: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
@@ -176,7 +180,7 @@ def open_mpi_options(args: argparse.Namespace, machine: Machine, hosts: Sequence
         plan.command += ["--mca", "pml", "ob1", "--mca", "btl", "tcp,vader,self", "--mca", "osc", "pt2pt"]
         plan.notes.append(PT2PT_NOTE)
 
-    exported = passed_variables(environ, args.servers)
+    exported = passed_variables(environ, args.servers, parse_gpus(args.gpus))
     if "pt2pt" in (osc or "").split(","):
         for name, value in (("HVD_DCASGD_THREAD_LEVEL", "serialized"), ("HVD_DCASGD_HOROVOD", "0")):
             exported.setdefault(name, value)
@@ -198,36 +202,26 @@ def mpich_options(args: argparse.Namespace, hosts: Sequence[Host], environ: Mapp
     if "MPIR_CVAR_ASYNC_PROGRESS" not in environ:
         plan.command += ["-genv", "MPIR_CVAR_ASYNC_PROGRESS", "1"]
         plan.reasons.append("MPICH: asynchronous progress, so a worker's Put completes while the server computes")
-    exported = passed_variables(environ, args.servers)
-    if exported.get("HVD_DCASGD_SERVERS"):
-        plan.command += ["-genv", "HVD_DCASGD_SERVERS", exported.pop("HVD_DCASGD_SERVERS")]
-    if exported:
-        plan.command += ["-genvlist", ",".join(exported)]
+    exported = passed_variables(environ, args.servers, parse_gpus(args.gpus))
+    for name, value in exported.items():
+        if value is not None:
+            plan.command += ["-genv", name, value]
+    if any(value is None for value in exported.values()):
+        plan.command += ["-genvlist", ",".join(name for name, value in exported.items() if value is None)]
 
 
-def passed_variables(environ: Mapping[str, str], servers: int = 1) -> dict[str, Optional[str]]:
+def passed_variables(environ: Mapping[str, str], servers: int = 1, gpus: Optional[str] = None
+                     ) -> dict[str, Optional[str]]:
     """The variables every rank gets: the caller's (HVD_DCASGD_*, PYTHONPATH), each with None (its own
-    value), and ``HVD_DCASGD_SERVERS`` with the number of servers where that is not the caller's."""
+    value); ``HVD_DCASGD_SERVERS`` with the number of servers and ``HVD_DCASGD_GPUS`` with ``--gpus``
+    (None: not given) where those are not the caller's."""
     exported: dict[str, Optional[str]] = {
         name: None for name in sorted(environ) if name.startswith("HVD_DCASGD_") or name in PASSED_VARIABLES}
     if servers != 1 and environ.get("HVD_DCASGD_SERVERS") != str(servers):
         exported["HVD_DCASGD_SERVERS"] = str(servers)
+    if gpus is not None and environ.get("HVD_DCASGD_GPUS") != gpus:
+        exported["HVD_DCASGD_GPUS"] = gpus
     return exported
-
-
-def rank_command(args: argparse.Namespace, machine: Machine, plan: Plan) -> None:
-    """Append what each rank runs: the script, through the GPU-pinning step when there is a GPU to set."""
-    gpus = parse_gpus(args.gpus)
-    if gpus is None:
-        gpus = machine.gpus
-        plan.reasons.append(f"--gpus auto: {len(gpus)} GPU(s) found" + ("" if gpus else ", no pinning"))
-    if gpus or args.gpus == NO_GPU:
-        pinned = ",".join(gpus) if gpus else NO_GPU
-        plan.command += [args.python, str(Path(rank.__file__).resolve()), RANK_EXEC, pinned]
-        plan.reasons.append(f"GPUs {pinned}: each rank sets CUDA_VISIBLE_DEVICES, then runs the script")
-    else:
-        plan.command.append(args.python)
-    plan.command += [args.script, *args.script_args]
 
 
 def build(args: argparse.Namespace, machine: Machine, environ: Mapping[str, str]) -> Plan:
@@ -246,7 +240,10 @@ def build(args: argparse.Namespace, machine: Machine, environ: Mapping[str, str]
     else:
         mpich_options(args, hosts, environ, plan)
     plan.command += mpi_args
-    rank_command(args, machine, plan)
+    gpus = parse_gpus(args.gpus)
+    if gpus is not None:
+        plan.reasons.append(f"--gpus {gpus}: every rank gets HVD_DCASGD_GPUS={gpus}, and hvd.init() places it")
+    plan.command += [args.python, args.script, *args.script_args]
     return plan
 
 

@@ -4,10 +4,12 @@
 
 runs ``mpirun`` (Open MPI) or ``mpiexec`` (MPICH's Hydra) with N+S ranks and the
 options this project needs there: the one-sided component, asynchronous
-progress, oversubscription, running as root, the environment, and one GPU per
-rank. ``docs/LAUNCH.md`` is the reference.  This module is the command line;
-what it finds here is :mod:`.probe`'s, the command it builds :mod:`.command`'s,
-and each rank's GPU pinning :mod:`.rank`'s.  The standard library only.
+progress, oversubscription, running as root, and the environment --
+``HVD_DCASGD_GPUS`` from ``--gpus`` among it, by which each rank's
+``hvd.init()`` places it on a GPU of its node. ``docs/LAUNCH.md`` is the
+reference.  This module is the command line; what it finds here is
+:mod:`.probe`'s, the command it builds :mod:`.command`'s.  The standard
+library, and the package's settings table.
 """
 
 from __future__ import annotations
@@ -20,9 +22,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from .command import build, parse_gpus
+from .command import LaunchError, build, parse_gpus
 from .probe import probe
-from .rank import RANK_EXEC, LaunchError, rank_exec
 
 PROG = "hvd-dcasgd-run"
 #: What this launcher does with the signals that stop a job: the first one
@@ -49,8 +50,10 @@ def parser() -> argparse.ArgumentParser:
                                           "MPICH: `host:N`); the server runs on the first host")
     cli.add_argument("--oversubscribe", action="store_true",
                      help="allow more ranks than slots (automatic on one node with more ranks than cores)")
-    cli.add_argument("--gpus", default="auto",
-                     help="auto (default), none, or GPU ids 0,1,...: the server takes the first, workers the rest")
+    cli.add_argument("--gpus", default=None,
+                     help="auto, none, keep, or GPU ids 0,1,...; every rank gets it as HVD_DCASGD_GPUS (default: "
+                          "the caller's HVD_DCASGD_GPUS, else auto), and hvd.init() places each rank: on each node "
+                          "the servers take the first GPUs, the workers the others")
     cli.add_argument("--python", default=sys.executable,
                      help="the Python interpreter of every rank (default: the one running this launcher)")
     cli.add_argument("--mpirun", help="the MPI launcher to use (default: mpirun, else mpiexec, on PATH)")
@@ -66,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
 
 def launch(argv: Sequence[str]) -> int:
     """Parse, check, build the command; print it (dry run) or run it."""
-    from ..common.config import check_environment  # here: the per-rank step runs this file by path, outside the package
+    from ..common.config import check_environment
 
     args = parser().parse_args(argv)
     problems = check_environment(os.environ)
@@ -129,8 +132,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``hvd-dcasgd-run``: the MPI job's exit status, or 2 with one sentence on a bad launch."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv[:1] == [RANK_EXEC]:
-            return rank_exec(argv[1:])
         return launch(argv)
     except LaunchError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

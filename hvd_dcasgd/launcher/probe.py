@@ -1,6 +1,7 @@
 """What ``hvd-dcasgd-run`` finds on this machine before it builds a
-command: the MPI launcher and its flavour, root or not, the cores, the GPUs
-(for ``--gpus auto``) and an RDMA fabric (for several nodes)."""
+command: the MPI launcher and its flavour, root or not, the cores and an RDMA
+fabric (for several nodes).  The GPUs are each rank's to find, on its own
+node (``hvd_dcasgd/runtime/gpus.py``)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
-from .command import MPICH, OPEN_MPI, hosts_of
-from .rank import LaunchError
+from .command import MPICH, OPEN_MPI, LaunchError, hosts_of
 
 INSTALL_HINT = "install Open MPI (Debian: `apt-get install openmpi-bin libopenmpi-dev`) or MPICH"
 
 
 @dataclass(frozen=True)
 class Machine:
-    """What the launcher found here: the MPI launcher, the user, the cores, the GPUs, the fabric."""
+    """What the launcher found here: the MPI launcher, the user, the cores, the fabric."""
 
     flavour: str
     mpirun: str
     is_root: bool = False
     cores: int = 1
-    gpus: tuple[str, ...] = ()
     ucx_rdma: bool = False
 
 
@@ -65,22 +64,6 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
-def local_gpus(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """GPU ids for ``--gpus auto``: CUDA_VISIBLE_DEVICES if set, else one per line of ``nvidia-smi -L``."""
-    if "CUDA_VISIBLE_DEVICES" in environ:
-        return tuple(part.strip() for part in environ["CUDA_VISIBLE_DEVICES"].split(",") if part.strip())
-    nvidia_smi = shutil.which("nvidia-smi", path=environ.get("PATH", os.defpath))
-    if not nvidia_smi:
-        return ()
-    try:
-        listing = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return ()
-    if listing.returncode != 0:
-        return ()
-    return tuple(str(i) for i, _ in enumerate(line for line in listing.stdout.splitlines() if line.startswith("GPU ")))
-
-
 def has_ucx_rdma(mpirun: str, environ: Mapping[str, str]) -> bool:
     """Whether Open MPI has osc/ucx and this node an RDMA device (InfiniBand, RoCE) for it to use."""
     rdma = Path("/sys/class/infiniband")
@@ -97,7 +80,7 @@ def has_ucx_rdma(mpirun: str, environ: Mapping[str, str]) -> bool:
 
 
 def probe(args: argparse.Namespace, environ: Mapping[str, str]) -> Machine:
-    """Look at this machine: the MPI, root or not, cores, GPUs (for ``--gpus auto``), RDMA (for several nodes)."""
+    """Look at this machine: the MPI, root or not, cores, RDMA (for several nodes)."""
     mpirun, flavour = find_launcher(args.mpirun, environ)
     several_nodes = len({host.name for host in hosts_of(args, flavour)}) > 1
     return Machine(
@@ -105,6 +88,5 @@ def probe(args: argparse.Namespace, environ: Mapping[str, str]) -> Machine:
         mpirun=mpirun,
         is_root=hasattr(os, "geteuid") and os.geteuid() == 0,
         cores=physical_cores(),
-        gpus=local_gpus(environ) if args.gpus == "auto" else (),
         ucx_rdma=flavour == OPEN_MPI and several_nodes and has_ucx_rdma(mpirun, environ),
     )

@@ -39,11 +39,6 @@ class ServerPlace:
         """How a one-line list of the job's ranks names it ("server", "s1")."""
         raise NotImplementedError
 
-    def gpu(self, local_rank: int, device_count: int, current: int) -> int:
-        """The GPU it keeps the model on when none is asked for: ``current``
-        (the process's current device), or with several servers on a node the
-        one of its index among them (``local_rank``)."""
-        raise NotImplementedError
 
     @property
     def first_worker_rank(self) -> int:
@@ -96,9 +91,6 @@ class OnlyServer(ServerPlace):
     metrics_folder = "server"
     checkpoint_folder = None
 
-    def gpu(self, local_rank: int, device_count: int, current: int) -> int:
-        return current
-
     def trace_tag(self) -> Dict[str, Any]:
         return {}
 
@@ -124,8 +116,6 @@ class OneOfServers(ServerPlace):
     def short_name(self) -> str:
         return f"s{self.index}"
 
-    def gpu(self, local_rank: int, device_count: int, current: int) -> int:
-        return local_rank % device_count
 
     @property
     def owner(self) -> str:

@@ -9,7 +9,9 @@ unchanged; when Horovod is installed the workers also start it on their own
 communicator, so Horovod's answers are the same.  Each server s talks to the
 workers over its own communicator (server s at its rank 0, worker m at rank
 m+1), where the one-server protocol runs unchanged.  Launched as one process,
-the script trains locally.
+the script trains locally.  Before anything else, each rank places itself
+on its node's GPUs (``HVD_DCASGD_GPUS``, :mod:`.gpus`), from the ranks really
+on its node, whatever the launcher's mapping.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ if TYPE_CHECKING:
     import torch
 
 from ..common.errors import HvdDcasgdError, warn
-from . import exits, preemption
+from . import exits, gpus, preemption
 from .horovod import start_horovod
 from .lifecycle import Lifecycle
 from .mpi import MpiUnavailable, load_mpi
@@ -160,6 +162,32 @@ def _settings_agreed(world: Any, requested: Optional[int]) -> int:
     return servers
 
 
+def _pin_gpus(node: Any = None, server: bool = False) -> None:
+    """Set this rank's ``CUDA_VISIBLE_DEVICES`` (:func:`gpus.decide`) from the
+    roles and GPUs of the ranks of ``node`` (its node's communicator, in
+    world-rank order; ``None``: this process alone), collective over ``node``.
+    CUDA reads the variable once, when it starts: where it already has, this
+    warns and leaves it."""
+    from ..common.config import resolve
+
+    mine = gpus.NodeRank(server, resolve("HVD_DCASGD_GPUS"), gpus.listed(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    ranks = [mine] if node is None else node.allgather(mine)
+    me = 0 if node is None else node.Get_rank()
+    listing: Tuple[str, ...] = ()
+    if any(rank.needs_listing for rank in ranks):  # the same on every rank of the node: one nvidia-smi for all
+        found = gpus.nvidia_smi_ids(os.environ) if me == 0 else None
+        listing = found if node is None else node.bcast(found)
+    chosen = gpus.decide(ranks, me, listing)
+    if chosen is None or chosen == os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return
+    if gpus.cuda_started():
+        warn(f"CUDA started in this process before hvd_dcasgd.init(), so init() cannot place this rank on its GPU "
+             f"(CUDA_VISIBLE_DEVICES={chosen!r}); call hvd.init() before anything uses CUDA, or set "
+             f"HVD_DCASGD_GPUS=keep to leave the GPUs as they are", stacklevel=5)
+        return
+    os.environ["CUDA_VISIBLE_DEVICES"] = chosen
+
+
 def _start(comm: Any, requested: Optional[int] = None) -> None:
     global _runtime
     if comm is not None and not hasattr(comm, "Dup"):
@@ -170,12 +198,14 @@ def _start(comm: Any, requested: Optional[int] = None) -> None:
         if _launched_size() > 1:
             raise
         _servers(requested)
+        _pin_gpus()
         _runtime = Runtime(role=LOCAL)
         _warn_local("MPI is not available (install Open MPI and mpi4py)")
         return
     world = (comm if comm is not None else mpi.COMM_WORLD).Dup()
     if world.Get_size() == 1:
         _servers(requested)
+        _pin_gpus()
         horovod, horovod_off = start_horovod(mpi, world)
         _runtime = Runtime(role=LOCAL, mpi=mpi, world=world, workers=world, horovod=horovod, horovod_off=horovod_off)
         _warn_local("running as a single process with no parameter server")
@@ -190,6 +220,9 @@ def _start(comm: Any, requested: Optional[int] = None) -> None:
                              f"{servers + 1} ranks, one worker or more; this job has {world.Get_size()}",
                              collective=True, speaks=world.Get_rank() == 0)
     is_server = world.Get_rank() < servers
+    node = world.Split_type(mpi.COMM_TYPE_SHARED, key=world.Get_rank())  # every rank on this node
+    _pin_gpus(node, is_server)
+    node.Free()
     peers = world.Split(0 if is_server else 1, world.Get_rank())  # the servers, or the workers
     node = peers.Split_type(mpi.COMM_TYPE_SHARED)
     _runtime = Runtime(

@@ -251,7 +251,7 @@ class Worker:
                                  "(the weights likely diverged: lower the learning rate; with DC-ASGD, lower lambda_0 "
                                  "(HVD_DCASGD_LAMBDA) or keep its correction bounded (HVD_DCASGD_BOUND, 1 by default, "
                                  "inf is the paper's unbounded rule); clip gradients; or catch this error to skip the "
-                                 "batch).")
+                                 "batch; docs/USAGE.md, \"Choosing the constants\").")
         return pieces
 
     def _pack_params(self, first: int, last: int, run: int) -> Tuple[List[Tuple[int, np.ndarray]], bool]:

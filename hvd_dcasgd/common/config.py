@@ -188,8 +188,8 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              default="auto"),
     Variable("HVD_DCASGD_NATIVE", "0 turns the C kernel off (1 builds it)", _choice("0", "1"), default='1'),
     Variable("HVD_DCASGD_CACHE", "where the C kernel is built", default="~/.cache/hvd_dcasgd"),
-    Variable("HVD_DCASGD_WITHOUT_HOROVOD", "1: .ci/setup.sh does not build Horovod", _choice("0", "1"), "scripts",
-             shown="0"),
+    Variable("HVD_DCASGD_WITHOUT_HOROVOD", "1: .ci/setup.sh does not build Horovod (.ci/example's default; "
+             ".ci/run's is 0)", _choice("0", "1"), "scripts", shown="0 (.ci/run), 1 (.ci/example)"),
     Variable("HVD_DCASGD_LAUNCHER", "srun or mpirun: how the SLURM batch scripts start the ranks",
              _choice("srun", "mpirun"), "scripts", shown="srun"),
     Variable("HVD_DCASGD_REPO", "the checkout the SLURM batch scripts run from", where="scripts",

@@ -1,10 +1,35 @@
 """Fixtures; the helpers the tests share are in ``helpers.py``."""
 
+import json
 import os
+import time
+from pathlib import Path
 
 import pytest
 
-from helpers import horovod_installed, unavailable
+from helpers import ROOT, horovod_installed, unavailable
+
+#: Where a run of the whole suite leaves each test's time (``benchmarks/suite_durations.py`` writes
+#: the testing page's table of the slowest from it).
+DURATIONS = ROOT / "build" / "test-durations.json"
+_durations = {}
+_started = time.time()
+
+
+def pytest_runtest_logreport(report):
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """After the whole suite (every test collected, none deselected), keep its times."""
+    if session.config.args != [str(ROOT / "tests")] and session.config.args != ["tests"]:
+        return
+    if session.config.getoption("keyword") or session.config.getoption("markexpr") or not _durations:
+        return
+    DURATIONS.parent.mkdir(exist_ok=True)
+    DURATIONS.write_text(json.dumps({"seconds": time.time() - _started, "status": int(exitstatus),
+                                     "tests": _durations}, indent=1))
+
 
 @pytest.fixture
 def horovod_required():

@@ -288,3 +288,13 @@ def test_overlap_benchmark_times_the_step_against_its_bounds_and_writes_its_sect
         compute, exchange, _, _, low, high = (float(cell) for cell in row[2:8])
         assert low == pytest.approx(max(compute, exchange), abs=0.06) and high == pytest.approx(compute + exchange,
                                                                                                abs=0.11), row
+
+
+def test_the_slowest_tests_table_ranks_by_time_and_says_the_total():
+    sys.path.insert(0, str(BENCH))
+    import suite_durations
+
+    record = {"seconds": 600.0, "status": 0, "tests": {"a.py::fast": 1.0, "b.py::slow": 300.0, "c.py::mid": 99.0}}
+    body = suite_durations.lines(record, top=2)
+    assert body[0].startswith("The whole suite: 3 tests, 10.0 minutes from start to end (exit status 0)"), body
+    assert body[-2:] == ["| `b.py::slow` | 300 | 75.0% |", "| `c.py::mid` | 99 | 24.8% |"], body

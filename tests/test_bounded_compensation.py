@@ -162,3 +162,11 @@ def test_a_checkpoint_from_before_the_bound_reads_as_the_rule_it_ran():
     assert _constants_read({"mode": "adaptive", **old}) == asdict(Compensation("adaptive", lambda_0=2.0, bound=math.inf))
     assert _constants_read({"mode": "gap_aware", **old, "lambda_0": 0.0}) == asdict(Compensation("gap_aware"))
     assert _constants_read({"mode": "none", **old, "lambda_0": 0.0}) == asdict(Compensation("none"))
+
+
+def test_the_divergence_advice_names_the_constants_the_rule_uses():
+    assert Compensation("adaptive").divergence_advice().startswith(
+        "lower the learning rate; lower lambda_0 (HVD_DCASGD_LAMBDA, now 8)")
+    paper = Compensation("constant", bound=math.inf).divergence_advice()
+    assert "bound the correction (HVD_DCASGD_BOUND=1: it is unbounded now" in paper and "now 0.04" in paper
+    assert Compensation("none").divergence_advice().startswith("lower the learning rate (docs/USAGE.md")

@@ -164,9 +164,11 @@ def test_a_gradient_beyond_the_wire_dtypes_range_is_refused_with_the_dtype_named
 @pytest.mark.parametrize("bad,problem", [
     ("nan-lr", "its learning rate for param group 1 is nan, not a finite number >= 0"),
     ("negative-lr", "its learning rate for param group 1 is -0.1, not a finite number >= 0"),
-    ("nan-unchecked", "its gradient holds NaN or Inf"),
+    ("nan-unchecked", "its gradient holds NaN or Inf (the weights likely diverged: lower the learning rate; lower "
+                      "lambda_0 (HVD_DCASGD_LAMBDA, now 8) (docs/USAGE.md, \"Choosing the constants\"))"),
 ])
 def test_the_server_refuses_a_bad_push_whatever_the_workers_check(bad, problem):
+    """The sentence names the worker, the push and what is wrong; a non-finite gradient also what to lower."""
     result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", bad, timeout=60)
     assert result.returncode != 0
     assert (f"hvd_dcasgd: the server refused worker 1 (MPI rank 2), push 3: {problem}; the weights are unchanged"

@@ -124,6 +124,17 @@ class Compensation:
         """The constants the rule uses, by name, with their values."""
         return {name: getattr(self, name) for name in self.rule.constants()}
 
+    def divergence_advice(self) -> str:
+        """What to try when the weights diverge under these settings, naming
+        the constants this rule uses and their values now."""
+        constants = self.constants()
+        advice = ["lower the learning rate"]
+        if "bound" in constants and math.isinf(constants["bound"]):
+            advice.append("bound the correction (HVD_DCASGD_BOUND=1: it is unbounded now, the paper's rule)")
+        if "lambda_0" in constants:
+            advice.append(f"lower lambda_0 (HVD_DCASGD_LAMBDA, now {constants['lambda_0']:g})")
+        return "; ".join(advice) + " (docs/USAGE.md, \"Choosing the constants\")"
+
 
 class CompensationState:
     """The state tensors a compensation keeps (MeanSquare), zero at the start:

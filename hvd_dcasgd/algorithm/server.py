@@ -161,7 +161,8 @@ class ParameterServer:
             if not (math.isfinite(lr) and lr >= 0):
                 return f"its learning rate for param group {group} is {lr}, not a finite number >= 0"
         if not self.checked_by_workers[worker] and not all_finite(message.gradient):
-            return "its gradient holds NaN or Inf"
+            return (f"its gradient holds NaN or Inf (the weights likely diverged: "
+                    f"{self.compensation.divergence_advice()})")
         return None
 
     def _skip_if_bad(self, worker: int) -> bool:

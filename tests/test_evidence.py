@@ -60,11 +60,14 @@ def tiny_copy(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_evidence_tunes_every_method_then_evaluates_and_writes_the_page(tiny):
-    plan, _, _ = evidence_modules()
+    plan, _, run_module = evidence_modules()
     out, _, printed = tiny
     assert "0 runs recorded already (skipped)" in printed
-    assert "warning: " not in printed.replace("warning: the tree has uncommitted changes", ""), \
-        "the package's defaults are the plan's out-of-the-box values"
+    # the only warnings: a tree with changes, and the defaults the study's rule changed since the plan
+    # (test_the_package_defaults_are_what_the_studys_rule_chose): the out-of-the-box cells run the plan's
+    warnings = [line for line in printed.splitlines() if line.startswith("warning: ") and "uncommitted" not in line]
+    assert warnings == [f"warning: {sentence}; the out-of-the-box cells run the plan's"
+                        for sentence in run_module.package_defaults()], printed
     page = (out / "RESULTS.md").read_text()
     assert "**tiny scale: for trying the code, not results.**" in page and "**In progress**" not in page
     for heading in ("## Provenance", "## Predictions and verdicts", "## Set-up", "## Tuning (validation split)",
@@ -508,7 +511,30 @@ def test_each_method_gets_only_the_settings_its_mode_uses():
     assert (gap.mode, gap.gamma) == ("gap_aware", 0.9999)
     assert compensation("none", (0.1, ())).mode == "none"
     assert compensation("horovod", (0.1, ())).schedule == "sync"
-    assert run_module.package_defaults() == [], "the plan's out-of-the-box values are the package's defaults"
+
+
+def test_the_package_defaults_are_what_the_studys_rule_chose():
+    """The plan's out-of-the-box cells ran the defaults before the study; the
+    rule fixed in the plan then sets DC-ASGD-a's default from the records.
+    The package's defaults are that choice, and differ from the plan's
+    out-of-the-box values only where the rule changed them."""
+    _, report, run_module = evidence_modules()
+    import records
+
+    from hvd_dcasgd import Compensation
+
+    committed = ROOT / "docs" / "results" / "evidence.json"
+    if not committed.exists():
+        assert run_module.package_defaults() == [], "before the study: the plan's values are the defaults"
+        return
+    chosen = report.Report(records.load(committed)).default
+    adaptive = Compensation("adaptive")
+    if chosen.kept:
+        assert (adaptive.lambda_0, adaptive.bound) == (chosen.lambda_0, chosen.bound), chosen
+    changed = {("adaptive", "lambda_0"): chosen.lambda_0, ("adaptive", "bound"): chosen.bound} if chosen.kept else {}
+    for sentence in run_module.package_defaults():
+        assert any(sentence.startswith(f"{mode}'s default {name} is {value}") for (mode, name), value in
+                   changed.items()), sentence
 
 
 def test_a_run_whose_weights_become_nan_is_recorded_as_diverged_at_chance(tmp_path):

@@ -33,6 +33,8 @@ from tasks import TASKS  # noqa: E402
 
 HEADLINE = ("<!-- results headline: written by benchmarks/evidence/report.py -->",
             "<!-- end of results headline -->")
+#: The README's measured figure, in its first screen's "why".
+FIGURE = ("<!-- results figure: written by benchmarks/evidence/report.py -->", "<!-- end of results figure -->")
 PLAN = "results/PLAN.md"
 ARCHIVES = {"design-2": "results/design-2/RESULTS.md", "design-1": "results/design-1/RESULTS.md"}
 TITLE = "# Results: does bounded delay compensation train reliably, and does it help?"
@@ -54,6 +56,7 @@ def write_report(out: Path, readme: Optional[Path] = None) -> List[str]:
     (Path(out) / "RESULTS.md").write_text(page)
     if readme is not None:
         update_readme(readme, report.headline() if report else pending_headline())
+        update_readme(readme, report.figure() if report else pending_figure(), FIGURE)
     return names
 
 
@@ -63,13 +66,13 @@ def default_readme(out: Path) -> Optional[Path]:
     return root / "README.md" if Path(out).resolve() == root / "docs" else None
 
 
-def update_readme(readme: Path, lines: List[str]) -> None:
-    """Replace what lies between the headline markers of ``readme``."""
+def update_readme(readme: Path, lines: List[str], markers: Tuple[str, str] = HEADLINE) -> None:
+    """Replace what lies between the ``markers`` (the headline's) of ``readme``."""
     text = readme.read_text()
-    start, end = (re.escape(marker) for marker in HEADLINE)
-    block = "\n".join([HEADLINE[0], *lines, HEADLINE[1]])
+    start, end = (re.escape(marker) for marker in markers)
+    block = "\n".join([markers[0], *lines, markers[1]])
     if not re.search(start + ".*?" + end, text, re.S):
-        raise ValueError(f"{readme} has no headline markers {HEADLINE}")
+        raise ValueError(f"{readme} has no markers {markers}")
     readme.write_text(re.sub(start + ".*?" + end, lambda _: block, text, flags=re.S))
 
 
@@ -120,6 +123,10 @@ def pending_page() -> str:
              "and this page is then regenerated from its records alone. Until then there is no result of this "
              "design to read here.", "", *archive_lines()]
     return "\n".join(lines) + "\n"
+
+
+def pending_figure() -> List[str]:
+    return ["(The accuracy study's figure comes here once it has run.)"]
 
 
 def pending_headline() -> List[str]:
@@ -423,6 +430,28 @@ class Report:
         failed = [r for r in self.records if "failed" in r]
         return ["## Runs that failed (errors of the harness, not divergence)", "",
                 *([f"- {key_of(r)}: {' / '.join(r['failed'][-3:])}" for r in failed] or ["None."])]
+
+    def figure(self) -> List[str]:
+        """The README's one measured figure: how far below ASGD and Horovod's
+        recipe the tuned bounded DC-ASGD-a ended, over the values of M where
+        both comparisons are recorded."""
+        found = {b: [self.comparison(m, "adaptive", b) for m in self.scale.workers] for b in ("none", "horovod")}
+        found = {b: [e["difference"].mean for e in entries if e is not None and e.get("difference") is not None]
+                 for b, entries in found.items()}
+        if not all(found.values()):
+            return pending_figure()
+
+        def span(values: List[float]) -> str:
+            low, high = sorted((-min(values), -max(values)))
+            return f"{low:.1f} to {high:.1f}" if round(low, 1) != round(high, 1) else f"{low:.1f}"
+
+        workers = f"{min(self.scale.workers)} to {max(self.scale.workers)}"
+        task = {"fashion": "Fashion-MNIST", "digits": "scikit-learn's digits"}.get(self.scale.task, self.scale.task)
+        return [f"In this project's accuracy study ({task}, {workers} simulated workers, "
+                f"{self.scale.seeds} paired seeds, every method tuned the same way), the bounded "
+                f"DC-ASGD-a ended {span(found['none'])} points of test error below asynchronous SGD and "
+                f"{span(found['horovod'])} below Horovod's recipe after the same number of gradients (mean "
+                "differences; time to accuracy is not measured by this study)."]
 
     def headline(self) -> List[str]:
         """The README's lines: the state of the study, each prediction's verdict, the default's sentence."""

@@ -21,8 +21,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import HvdDcasgdValueError
 
-__all__ = ["VARIABLES", "Settings", "Variable", "check_environment", "resolve", "resolve_at_import", "setting",
-           "settings"]
+__all__ = ["LAUNCHER_SIZE_VARIABLES", "VARIABLES", "Settings", "Variable", "check_environment", "launched_size",
+           "resolve", "resolve_at_import", "setting", "settings"]
 
 PREFIX = "HVD_DCASGD_"
 
@@ -272,16 +272,32 @@ def resolve(name: str, argument: Any = None, environ: Optional[Mapping[str, str]
     return settings(environ).value(name, argument)
 
 
+#: Where launchers put the number of ranks of the job, first match wins.
+LAUNCHER_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
+
+
+def launched_size(environ: Optional[Mapping[str, str]] = None) -> int:
+    """The number of ranks the launcher started this process among (1 outside a launcher)."""
+    environ = os.environ if environ is None else environ
+    for name in LAUNCHER_SIZE_VARIABLES:
+        if environ.get(name, "").isdigit():
+            return int(environ[name])
+    return 1
+
+
 def resolve_at_import(name: str) -> Any:
     """Setting ``name`` for code run while the package is imported (the log
-    level, MPI's thread level), before MPI starts: a value that cannot be
-    used -- this variable's or another's -- does not fail the import on each
-    rank with a traceback of its own; ``init()`` says it once for the job
-    (``roles._settings_agreed``).  This variable's own bad value gives its
-    default here."""
+    level, MPI's thread level), before MPI starts.  In one process a value
+    that cannot be used raises here, as :func:`resolve` does.  In a rank of
+    a multi-process job it does not fail the import on each rank with a
+    traceback of its own: ``init()`` says it once for the job
+    (``roles._settings_agreed``), and this variable's own bad value gives
+    its default here."""
     try:
         return resolve(name)
     except HvdDcasgdValueError:
+        if launched_size() <= 1:
+            raise
         raw = os.environ.get(name, "")
         try:
             return _parse(VARIABLES[name], raw) if raw.strip() else VARIABLES[name].default

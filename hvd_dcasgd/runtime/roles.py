@@ -34,7 +34,6 @@ from .mpi import MpiUnavailable, load_mpi
 
 SERVER, WORKER, LOCAL = "server", "worker", "local"
 
-_LAUNCHER_SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "SLURM_NTASKS")
 
 
 class Session(Protocol):
@@ -81,13 +80,6 @@ class Runtime:
 
 
 _runtime: Optional[Runtime] = None
-
-
-def _launched_size() -> int:
-    for name in _LAUNCHER_SIZE_VARIABLES:
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 1
 
 
 def _warn_local(reason: str) -> None:
@@ -195,7 +187,9 @@ def _start(comm: Any, requested: Optional[int] = None) -> None:
     try:
         mpi = load_mpi()
     except MpiUnavailable:
-        if _launched_size() > 1:
+        from ..common.config import launched_size
+
+        if launched_size() > 1:
             raise
         _servers(requested)
         _pin_gpus()

@@ -271,8 +271,11 @@ def test_a_job_stopped_by_slurms_advance_signal_is_requeued_and_resumes(jobs, sl
     job_id, output, _ = jobs["preempted"]
     _wait_for("worker 1 starts at step 0", "preempted", jobs, slurm_env)
     time.sleep(2)
+    # On a loaded machine scancel can deliver the signal and then wait for the controller's reply past its
+    # timeout: a hung scancel is not a failure of the job; the job's own output below decides (it stops and
+    # requeues only if the batch script got USR1).
     signalled = _command(["scancel", "--batch", "--signal=USR1", job_id], slurm_env, timeout=CONTROL_TIMEOUT)
-    assert signalled is not None and signalled.returncode == 0, signalled and signalled.stdout
+    assert signalled is None or signalled.returncode == 0, signalled.stdout
     _wait_for(f"requeueing job {job_id}", "preempted", jobs, slurm_env)
     released("preempted", jobs, slurm_env)
     requeued = {"preempted": (job_id, output, time.monotonic())}  # its second run's deadline starts now

@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "docs"))
@@ -55,6 +55,13 @@ def machine() -> str:
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
     """A Markdown table."""
     return [f"| {' | '.join(header)} |", f"|{'---|' * len(header)}", *(f"| {' | '.join(r)} |" for r in rows)]
+
+
+def publish(script: str, argv: Sequence[str], lines: Sequence[str], markdown: Optional[str]) -> None:
+    """Print ``lines``; with ``markdown`` (a page), also write them as ``script``'s section of it."""
+    print("\n".join(lines))
+    if markdown:
+        write(markdown, script, command(script, argv), lines)
 
 
 def write(path: str, script: str, cmd: str, lines: Sequence[str]) -> None:

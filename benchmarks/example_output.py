@@ -56,11 +56,8 @@ def main() -> int:
         print(run.stdout[-4000:], run.stderr[-4000:], sep="\n")
         print(f"{' '.join(COMMAND)} ended with status {run.returncode}; nothing written", file=sys.stderr)
         return 1
-    lines = section(sample(run.stdout + run.stderr), seconds)
-    print("\n".join(lines))
-    if args.markdown:
-        docs_section.write(args.markdown, "example_output.py", docs_section.command("example_output.py",
-                                                                                     sys.argv[1:]), lines)
+    docs_section.publish("example_output.py", sys.argv[1:], section(sample(run.stdout + run.stderr), seconds),
+                         args.markdown)
     return 0
 
 

@@ -179,10 +179,7 @@ def main() -> None:
     parser.add_argument("--markdown", metavar="PATH", help="also write this script's section of PATH "
                         "(docs/SCALING.md)")
     args = parser.parse_args()
-    lines = report(measured(PERFORMANCE.read_text()))
-    print("\n".join(lines))
-    if args.markdown:
-        docs_section.write(args.markdown, "scaling.py", docs_section.command("scaling.py", sys.argv[1:]), lines)
+    docs_section.publish("scaling.py", sys.argv[1:], report(measured(PERFORMANCE.read_text())), args.markdown)
 
 
 if __name__ == "__main__":

@@ -36,11 +36,8 @@ def main() -> int:
     if not DURATIONS.exists():
         print(f"{DURATIONS} is missing: run the whole suite first (bash .ci/run)", file=sys.stderr)
         return 1
-    body = lines(json.loads(DURATIONS.read_text()), args.top)
-    print("\n".join(body))
-    if args.markdown:
-        docs_section.write(args.markdown, "suite_durations.py", docs_section.command("suite_durations.py",
-                                                                                      sys.argv[1:]), body)
+    docs_section.publish("suite_durations.py", sys.argv[1:], lines(json.loads(DURATIONS.read_text()), args.top),
+                         args.markdown)
     return 0
 
 

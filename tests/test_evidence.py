@@ -402,10 +402,12 @@ def test_the_standard_page_from_a_complete_study_has_one_holm_family_without_dup
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "evidence.json").write_text(json.dumps(made_up))
     readme = tmp_path / "README.md"
-    readme.write_text("# x\n\n" + "\n".join(report.HEADLINE) + "\n")
+    readme.write_text("# x\n\n" + "\n".join(report.FIGURE) + "\n\n" + "\n".join(report.HEADLINE) + "\n")
     names = report.write_report(tmp_path, readme)
     page = (tmp_path / "RESULTS.md").read_text()
     assert sorted(names) == ["error_vs_epoch.png", "tuning.png"] and "**In progress**" not in page
+    figure = readme.read_text().split(report.FIGURE[0])[1].split(report.FIGURE[1])[0]
+    assert "the bounded DC-ASGD-a ended " in figure and " below asynchronous SGD and " in figure, figure
 
     built = report.Report(made_up)
     tuned = {(m, method): t for (m, method), t in built.tuned.items()}

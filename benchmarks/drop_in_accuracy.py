@@ -60,6 +60,16 @@ def run_once(args, script: Path, ranks: int, mode: str = "") -> float:
     return final_accuracy(out.stdout)
 
 
+def label(mode: str) -> str:
+    """A mode's name, with DC-ASGD's constants where it has them: the
+    package's defaults, which every run of this script uses."""
+    from hvd_dcasgd.algorithm.compensation import Compensation
+
+    constants = Compensation(mode).constants() if mode != "sync" else {}
+    shown = [f"{name} {constants[name]:g}" for name in ("lambda_0", "bound") if name in constants]
+    return f"`{mode}` ({', '.join([LABELS[mode], *shown])})"
+
+
 def rows(plain: list, ours: dict) -> list:
     """One row per mode: mean accuracy, the mean difference from plain
     Horovod with its 95% interval, the worst run and the verdict."""
@@ -68,7 +78,7 @@ def rows(plain: list, ours: dict) -> list:
         difference = paired_difference(accuracies, plain)
         low, high = difference.t_interval
         worst = min(a - p for a, p in zip(accuracies, plain))
-        table.append([f"`{mode}` ({LABELS[mode]})", f"{100 * statistics.mean(accuracies):.2f}%",
+        table.append([label(mode), f"{100 * statistics.mean(accuracies):.2f}%",
                       f"{100 * difference.mean:+.2f} [{100 * low:+.2f}, {100 * high:+.2f}]",
                       f"{100 * worst:+.2f}", verdict((low, high), -MARGIN)])
     return table

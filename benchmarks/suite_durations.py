@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import List
+from typing import Dict, List
 
 import docs_section
 
@@ -20,12 +20,26 @@ DURATIONS = ROOT / "build" / "test-durations.json"
 
 
 def lines(record: dict, top: int) -> List[str]:
+    """The run in one sentence, then its slowest tests and its slowest files."""
     tests = sorted(record["tests"].items(), key=lambda item: -item[1])
     total = sum(seconds for _, seconds in tests)
-    rows = [(f"`{name}`", f"{seconds:.0f}", f"{100 * seconds / total:.1f}%") for name, seconds in tests[:top]]
+    processes = record.get("processes", 1)
+    files: Dict[str, float] = {}
+    for name, seconds in tests:
+        files[name.split("::")[0]] = files.get(name.split("::")[0], 0.0) + seconds
+    slowest_files = sorted(files.items(), key=lambda item: -item[1])[:top]
+    side_by_side = (f", {processes} test processes side by side; the tests' own times add up to {total / 60:.1f} "
+                    "minutes" if processes > 1 else "")
     return [f"The whole suite: {len(tests)} tests, {record['seconds'] / 60:.1f} minutes from start to end "
-            f"(exit status {record['status']}); the {top} slowest take {sum(s for _, s in tests[:top]) / 60:.1f} "
-            "of them:", "", *docs_section.table(["test", "seconds", "share of the suite"], rows)]
+            f"(exit status {record['status']}){side_by_side}. The {top} slowest tests take "
+            f"{sum(s for _, s in tests[:top]) / 60:.1f} minutes of them:", "",
+            *docs_section.table(["test", "seconds", "share of the tests' time"],
+                                [(f"`{name}`", f"{seconds:.0f}", f"{100 * seconds / total:.1f}%")
+                                 for name, seconds in tests[:top]]),
+            "", f"The {len(slowest_files)} slowest files:", "",
+            *docs_section.table(["file", "tests", "seconds", "share of the tests' time"],
+                                [(f"`{name}`", str(sum(t.split("::")[0] == name for t, _ in tests)), f"{seconds:.0f}",
+                                  f"{100 * seconds / total:.1f}%") for name, seconds in slowest_files])]
 
 
 def main() -> int:

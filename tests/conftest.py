@@ -21,14 +21,19 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """After the whole suite (every test collected, none deselected), keep its times."""
+    """After the whole suite (every test collected, none deselected), keep its
+    times: once, from the process that ran it or, under pytest-xdist, that
+    gathered its test processes' reports."""
+    if hasattr(session.config, "workerinput"):
+        return
     if session.config.args != [str(ROOT / "tests")] and session.config.args != ["tests"]:
         return
     if session.config.getoption("keyword") or session.config.getoption("markexpr") or not _durations:
         return
     DURATIONS.parent.mkdir(exist_ok=True)
+    processes = getattr(session.config.option, "numprocesses", None) or 1
     DURATIONS.write_text(json.dumps({"seconds": time.time() - _started, "status": int(exitstatus),
-                                     "tests": _durations}, indent=1))
+                                     "processes": processes, "tests": _durations}, indent=1))
 
 
 @pytest.fixture

@@ -294,7 +294,14 @@ def test_the_slowest_tests_table_ranks_by_time_and_says_the_total():
     sys.path.insert(0, str(BENCH))
     import suite_durations
 
-    record = {"seconds": 600.0, "status": 0, "tests": {"a.py::fast": 1.0, "b.py::slow": 300.0, "c.py::mid": 99.0}}
-    body = suite_durations.lines(record, top=2)
-    assert body[0].startswith("The whole suite: 3 tests, 10.0 minutes from start to end (exit status 0)"), body
-    assert body[-2:] == ["| `b.py::slow` | 300 | 75.0% |", "| `c.py::mid` | 99 | 24.8% |"], body
+    tests = {"a.py::fast": 1.0, "b.py::slow": 300.0, "c.py::mid": 99.0, "b.py::other": 200.0}
+    body = suite_durations.lines({"seconds": 600.0, "status": 0, "tests": tests}, top=2)
+    assert body[0] == ("The whole suite: 4 tests, 10.0 minutes from start to end (exit status 0). The 2 slowest "
+                       "tests take 8.3 minutes of them:"), body
+    assert body[4:6] == ["| `b.py::slow` | 300 | 50.0% |", "| `b.py::other` | 200 | 33.3% |"], body
+    assert body[-2:] == ["| `b.py` | 2 | 500 | 83.3% |", "| `c.py` | 1 | 99 | 16.5% |"], body
+    # two test processes side by side: the sentence says so, and what the tests' times add up to
+    body = suite_durations.lines({"seconds": 240.0, "status": 1, "processes": 2, "tests": tests}, top=2)
+    assert body[0] == ("The whole suite: 4 tests, 4.0 minutes from start to end (exit status 1), 2 test processes "
+                       "side by side; the tests' own times add up to 10.0 minutes. The 2 slowest tests take 8.3 "
+                       "minutes of them:"), body

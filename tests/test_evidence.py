@@ -472,7 +472,7 @@ def test_a_run_that_does_not_train_at_the_defaults_refutes_p2_and_the_default_ru
     assert built.verdicts[1] == "holds" and built.verdicts[2] == "refuted"
     assert built.default.kept is False
     assert ("this study does not support bounded DC-ASGD-a as the package default: it did not train in 1 of 10 "
-            "runs at M=8 at the package defaults (P2).") in built.page()
+            "runs at M=8 at the defaults before this study (P2).") in built.page()
 
 
 def test_the_default_rule_and_the_verdicts_over_every_m():

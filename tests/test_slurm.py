@@ -27,7 +27,8 @@ from hvd_dcasgd.common.process import run_command
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
 
-pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+# one SLURM cluster or set of emulated hosts at a time: the modules that start them share one test process
+pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.xdist_group("clusters")]
 
 CLUSTER = ROOT / "slurm" / "local_cluster.sh"
 #: How long a job may take, from submission (or a requeue) to its end, on 2 busy cores.

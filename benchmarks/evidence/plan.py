@@ -67,8 +67,8 @@ OUT_OF_THE_BOX = {"adaptive": (("lambda_0", 2.0), ("bound", 1.0)), "gap_aware": 
 #: Rows beside the methods: (row, method) of the out-of-the-box cells.
 DEFAULT_ROWS = {"adaptive@default": "adaptive", "gap_aware@default": "gap_aware"}
 LABELS = {key: method.label for key, method in METHODS.items()}
-LABELS.update({"adaptive@default": "bounded DC-ASGD-a, defaults, ASGD's rate",
-               "gap_aware@default": "Gap-Aware, default, ASGD's rate"})
+LABELS.update({"adaptive@default": "bounded DC-ASGD-a, defaults before this study, ASGD's rate",
+               "gap_aware@default": "Gap-Aware, default before this study, ASGD's rate"})
 
 #: Design 2's tuned rates (its records: docs/results/design-2/results/evidence.json), the centre of each
 #: initial rate grid; DC-ASGD-a's for both forms of it.

@@ -390,7 +390,7 @@ class Report:
         lines = ["## Final test error (%)", "",
                  "Per cell: the intention-to-treat mean (a run that did not train counts at 90%) ± the half-width "
                  "of its 95% t interval; the mean over the runs that trained; how many did not train. The "
-                 "out-of-the-box rows run the package's defaults at ASGD's tuned rate.", ""]
+                 "out-of-the-box rows run the package's defaults before this study at ASGD's tuned rate.", ""]
         lines += [self.cell_table(1, ("sgd",)), ""]
         for workers in self.scale.workers:
             lines += [f"### M = {workers}", "", self.cell_table(workers, self.rows_at()), ""]

@@ -235,7 +235,7 @@ class AdaptiveCompensation(CompensationRule):
     the correction bounded by ``bound * |g|``."""
 
     name = "adaptive"
-    # lambda_0 8: tuned with the bound at most values of M (docs/RESULTS.md, third design)
+    # lambda_0 8: tuned with the bound at 2 of the 4 values of M, 4 and 8 (docs/RESULTS.md, third design)
     defaults = {"lambda_0": 8.0, "bound": _default("HVD_DCASGD_BOUND"),
                 "mean_square_momentum": _default("HVD_DCASGD_MEAN_SQUARE_MOMENTUM"),
                 "eps": _default("HVD_DCASGD_EPS")}

@@ -105,7 +105,7 @@ def DistributedOptimizer(
             the server) and ``"horovod"`` (the ``horovod`` backend).
             ``HVD_DCASGD_COMPENSATION`` overrides it.
         lambda_0: DC-ASGD's lambda_0 (``constant``: 0.04, ``adaptive``:
-            2.0 by default).  ``HVD_DCASGD_LAMBDA`` overrides it.
+            8.0 by default).  ``HVD_DCASGD_LAMBDA`` overrides it.
         bound: DC-ASGD's bound on its correction, element by element, as a
             multiple of the gradient (default 1.0: never larger than the
             gradient, so it never reverses it); ``math.inf`` is the paper's

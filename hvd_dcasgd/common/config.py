@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -62,6 +63,23 @@ def _positive_integer(raw: str) -> int:
     if not raw.strip().isdigit() or int(raw) < 1:
         raise ValueError("use a whole number >= 1")
     return int(raw)
+
+
+def _name(raw: str) -> str:
+    """A compensation's name, in its form only: a script may register its own,
+    so whether it is known is checked where the optimizer is made."""
+    value = raw.strip()
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", value):
+        raise ValueError("use a compensation's name, such as adaptive, none, gap_aware, sync or horovod")
+    return value
+
+
+def _device(raw: str) -> str:
+    """A torch device's name: a type with an optional index (cpu, cuda, cuda:1)."""
+    value = raw.strip()
+    if not re.fullmatch(r"[a-z]+(:[0-9]+)?", value):
+        raise ValueError("use a torch device such as cpu, cuda or cuda:1")
+    return value
 
 
 def _gpus(raw: str) -> Any:
@@ -112,7 +130,8 @@ class Variable:
 VARIABLES: Dict[str, Variable] = {v.name: v for v in (
     Variable("HVD_DCASGD_COMPENSATION", "the compensation: none (ASGD), constant (DC-ASGD-c), adaptive (DC-ASGD-a), "
              "staleness (the rate divided by the staleness), gap_aware (Gap-Aware) or a registered one; or the "
-             "shorthands sync and horovod; overrides DistributedOptimizer(compensation=...)", default='adaptive'),
+             "shorthands sync and horovod; overrides DistributedOptimizer(compensation=...)", _name,
+             default="adaptive"),
     Variable("HVD_DCASGD_SCHEDULE", "async or sync (the compensation shorthand sync implies sync); overrides "
              "DistributedOptimizer(schedule=...)", _choice("async", "sync"), default="async"),
     Variable("HVD_DCASGD_BACKEND", "server (the parameter server) or horovod (Horovod's own allreduce; the "
@@ -175,7 +194,7 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              default=64 << 20),
     Variable("HVD_DCASGD_SERVERS", "how many server ranks: world ranks 0..S-1 serve one slice of the "
              "parameters each, the rest are workers; overrides init(servers=...)", _positive_integer, default=1),
-    Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device",
+    Variable("HVD_DCASGD_SERVER_DEVICE", "the server's torch device", _device,
              shown="its GPU when it sees one (cuda:N, N its hvd.local_rank() modulo the GPUs it sees), else the CPU"),
     Variable("HVD_DCASGD_GPUS", "the GPUs init() places the ranks of each node on, by setting CUDA_VISIBLE_DEVICES "
              "before CUDA starts (docs/GPU.md): auto (the ids in CUDA_VISIBLE_DEVICES if it is set, else one per "
@@ -200,11 +219,14 @@ VARIABLES: Dict[str, Variable] = {v.name: v for v in (
              shown="/tmp/hvd_dcasgd_slurm"),
     Variable("HVD_DCASGD_SLURM_CPUS", "the CPUs slurm/local_cluster.sh gives its node", _positive_integer, "scripts",
              shown="8"),
-    Variable("HVD_DCASGD_HOSTS_DIR", "where tests/cluster/hosts.sh keeps its emulated hosts' keys, state and logs",
+    Variable("HVD_DCASGD_HOSTS_DIR", "the test suite only: where tests/cluster/hosts.sh keeps its emulated "
+             "hosts' keys, state and logs",
              where="scripts", shown="/tmp/hvd_dcasgd_hosts"),
-    Variable("HVD_DCASGD_HOSTS_PREFIX", "the prefix of the network namespaces of tests/cluster/hosts.sh",
+    Variable("HVD_DCASGD_HOSTS_PREFIX", "the test suite only: the prefix of the network namespaces of "
+             "tests/cluster/hosts.sh",
              where="scripts", shown="hvd24"),
-    Variable("HVD_DCASGD_HOSTS_NET", "the first three numbers of the emulated hosts' private addresses (a /24)",
+    Variable("HVD_DCASGD_HOSTS_NET", "the test suite only: the first three numbers of the emulated "
+             "hosts' private addresses (a /24)",
              where="scripts", shown="10.213.24"),
 )}
 

@@ -49,13 +49,18 @@ def test_the_settings_are_read_once_into_one_frozen_object_with_the_tables_defau
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("name, raw", [("HVD_DCASGD_LOG_LEVEL", "loud"), ("HVD_DCASGD_PROGRESS", "soon")])
-def test_a_bad_value_in_a_job_is_one_sentence_not_a_traceback_per_rank(name, raw):
-    """Read at import (the log level) or later (the progress interval): every
-    rank ends with an error, rank 0 says the sentence once, nobody waits."""
+@pytest.mark.parametrize("name, raw, sentence", [
+    ("HVD_DCASGD_LOG_LEVEL", "loud", "HVD_DCASGD_LOG_LEVEL='loud' is not valid"),  # read at import
+    ("HVD_DCASGD_PROGRESS", "soon", "HVD_DCASGD_PROGRESS='soon' is not valid"),  # read at init()
+    # a name of the right form that no compensation has: found where DistributedOptimizer is made
+    ("HVD_DCASGD_COMPENSATION", "adaptiv", "unknown compensation 'adaptiv'; choose one of"),
+])
+def test_a_bad_value_in_a_job_is_one_sentence_not_a_traceback_per_rank(name, raw, sentence):
+    """Wherever it is found, every rank ends with an error, rank 0 says the
+    sentence once, nobody waits."""
     result = mpirun(4, PROGRAMS / "synthetic.py", "--steps", 2, env={name: raw}, timeout=120)
     assert result.returncode != 0, result.stdout
-    assert result.stdout.count(f"{name}={raw!r} is not valid") == 1, result.stdout
+    assert result.stdout.count(sentence) == 1, result.stdout
     assert "Traceback" not in result.stdout, result.stdout
 
 
@@ -70,10 +75,17 @@ def test_every_variable_the_code_reads_is_in_the_table():
 
 def test_check_environment_finds_misspellings_and_bad_values():
     problems = check_environment({"HVD_DCASGD_COMPENSATON": "none", "HVD_DCASGD_NATIVE": "yes", "PATH": "/bin",
-                                  "HVD_DCASGD_LAMBDA": "0.1"})
-    assert len(problems) == 2
-    assert problems[0].startswith("hvd_dcasgd: HVD_DCASGD_COMPENSATON is not a variable of hvd_dcasgd")
-    assert "HVD_DCASGD_NATIVE='yes' is not valid: use 0, 1." in problems[1]
+                                  "HVD_DCASGD_LAMBDA": "0.1", "HVD_DCASGD_SERVER_DEVICE": "cuda 1",
+                                  "HVD_DCASGD_COMPENSATION": "dc-asgd"})
+    assert len(problems) == 4, problems
+    assert any(p.startswith("hvd_dcasgd: HVD_DCASGD_COMPENSATON is not a variable of hvd_dcasgd") for p in problems)
+    for sentence in ("HVD_DCASGD_NATIVE='yes' is not valid: use 0, 1.",
+                     "HVD_DCASGD_SERVER_DEVICE='cuda 1' is not valid: use a torch device such as cpu, cuda or cuda:1",
+                     "HVD_DCASGD_COMPENSATION='dc-asgd' is not valid: use a compensation's name"):
+        assert sum(sentence in p for p in problems) == 1, (sentence, problems)
+    # the forms every documented value has pass: a registered name of any case, a device with or without an index
+    assert check_environment({"HVD_DCASGD_COMPENSATION": "gap_aware", "HVD_DCASGD_SERVER_DEVICE": "cuda:0"}) == []
+    assert check_environment({"HVD_DCASGD_COMPENSATION": "MyRule2", "HVD_DCASGD_SERVER_DEVICE": "cpu"}) == []
 
 
 def test_the_launcher_refuses_a_misspelt_variable():

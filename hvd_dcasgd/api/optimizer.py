@@ -23,7 +23,7 @@ from ..algorithm.update import lr_factor
 from ..common.config import resolve
 from ..common.errors import HvdDcasgdError, HvdDcasgdValueError
 from ..protocol.layout import ModelLayout
-from ..runtime.exits import rendezvous
+from ..runtime.exits import raise_together, rendezvous
 from ..runtime.horovod import require_horovod
 from ..runtime.roles import LOCAL, SERVER, WORKER, Runtime, runtime
 from ..serving.session import HorovodSession, idle_server, run_server, start_worker
@@ -163,37 +163,31 @@ def DistributedOptimizer(
     rt = runtime()
     if rt.session is not None:
         raise HvdDcasgdError("hvd_dcasgd: one DistributedOptimizer per process is supported")
-    compensation, schedule, backend = resolve_method(compensation, schedule, backend)
+    # Every rank checks the options; a problem any rank finds is said once and ends every rank alike.
+    problem = None
+    try:
+        compensation, schedule, backend = resolve_method(compensation, schedule, backend)
+        if backend != "horovod":
+            threshold, lr_scaling, settings = _server_options(
+                compensation, schedule, op, backward_passes_per_step, fusion_threshold, lr_scaling,
+                per_worker_mean_square, lambda_0=lambda_0, bound=bound, mean_square_momentum=mean_square_momentum,
+                eps=eps, gamma=gamma, gap_eps=gap_eps)
+    except HvdDcasgdError as exc:
+        if rt.role == LOCAL:
+            raise
+        problem = exc
+    if rt.role != LOCAL:
+        if not rt.joined:
+            rendezvous(rt.world, rt.mpi, rt.servers)  # a rank that exited instead is named, never waited for
+            rt.joined = True
+        raise_together(rt.world, problem)
     method = method_name(compensation, schedule, backend)
-    if rt.role != LOCAL and not rt.joined:
-        rendezvous(rt.world, rt.mpi, rt.servers)  # a rank that exited instead is named, never waited for
-        rt.joined = True
     _agree_on_method(rt, method)
     if backend == "horovod":
         return _horovod_optimizer(
             rt, optimizer, named_parameters, compression, backward_passes_per_step, op,
             gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set,
         )
-    if op != Average:
-        raise HvdDcasgdError(
-            f"hvd_dcasgd: op={op!r} is not supported: the parameter server applies each worker's gradient "
-            "(or, in sync mode, their average)"
-        )
-    if backward_passes_per_step < 1:
-        raise HvdDcasgdError("hvd_dcasgd: backward_passes_per_step must be at least 1")
-    threshold = resolve("HVD_DCASGD_FUSION_THRESHOLD", fusion_threshold)
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
-        raise HvdDcasgdValueError(f"hvd_dcasgd: fusion_threshold={threshold!r} is not valid: use a whole number "
-                                  "of bytes >= 0.")
-    lr_scaling = resolve("HVD_DCASGD_LR_SCALING", lr_scaling)
-    lr_factor(lr_scaling, schedule, 1)  # an unknown one is a sentence here, on every rank
-    settings = Compensation(
-        mode=compensation,
-        schedule=schedule,
-        per_worker_mean_square=per_worker_mean_square,
-        **constants(lambda_0=lambda_0, bound=bound, mean_square_momentum=mean_square_momentum, eps=eps, gamma=gamma,
-                    gap_eps=gap_eps),
-    )
     layout = ModelLayout.of(optimizer, named_parameters, model)
     wire_dtype = compression.wire(layout.dtype)
     slices = _slices(rt, optimizer, layout)
@@ -210,6 +204,29 @@ def DistributedOptimizer(
                                         lr_scaling=lr_scaling)
         wrapped._session.worker.set_fusion_threshold(threshold)
     return wrapped
+
+
+def _server_options(compensation: str, schedule: str, op: str, backward_passes_per_step: int,
+                    fusion_threshold: Optional[int], lr_scaling: Optional[str], per_worker_mean_square: bool,
+                    **constant_arguments: Optional[float]) -> Tuple[int, str, Compensation]:
+    """The parameter server's options, checked: (fusion threshold, learning
+    rate scaling, the compensation's settings), or a sentence raised."""
+    if op != Average:
+        raise HvdDcasgdError(
+            f"hvd_dcasgd: op={op!r} is not supported: the parameter server applies each worker's gradient "
+            "(or, in sync mode, their average)"
+        )
+    if backward_passes_per_step < 1:
+        raise HvdDcasgdError("hvd_dcasgd: backward_passes_per_step must be at least 1")
+    threshold = resolve("HVD_DCASGD_FUSION_THRESHOLD", fusion_threshold)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+        raise HvdDcasgdValueError(f"hvd_dcasgd: fusion_threshold={threshold!r} is not valid: use a whole number "
+                                  "of bytes >= 0.")
+    lr_scaling = resolve("HVD_DCASGD_LR_SCALING", lr_scaling)
+    lr_factor(lr_scaling, schedule, 1)  # an unknown one is a sentence here
+    settings = Compensation(mode=compensation, schedule=schedule, per_worker_mean_square=per_worker_mean_square,
+                            **constants(**constant_arguments))
+    return threshold, lr_scaling, settings
 
 
 def _slices(rt: Runtime, optimizer: torch.optim.Optimizer, layout: ModelLayout) -> list:

@@ -28,7 +28,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from ..common.errors import HvdDcasgdError
+from ..common.errors import HvdDcasgdError, HvdDcasgdValueError
 from ..common.log import get_logger
 from ..common.tags import DEPARTURE as DEPARTURE_TAG
 from .place import place_of
@@ -113,6 +113,19 @@ def announce_departure(comm: Any, cause: str) -> None:
         time.sleep(0.001)
 
 
+def raise_together(comm: Any, problem: Optional[HvdDcasgdError]) -> None:
+    """Collective over ``comm``: where any rank found a problem (``None``:
+    this rank found none), raise the first, in rank order, on every rank
+    alike, said once by rank 0 -- never one traceback per rank, and never a
+    rank left waiting for one that stopped."""
+    found = [p for p in comm.allgather(None if problem is None else (str(problem), isinstance(problem, ValueError)))
+             if p]
+    if found:
+        message, value = found[0]
+        kind = HvdDcasgdValueError if value else HvdDcasgdError
+        raise kind(message, collective=True, speaks=comm.Get_rank() == 0)
+
+
 def rendezvous(comm: Any, mpi: Any, servers: int = 1) -> None:
     """Wait until every rank arrived here; if one exited instead, raise a
     sentence naming it (the caller's excepthook then ends the job)."""
@@ -128,4 +141,4 @@ def rendezvous(comm: Any, mpi: Any, servers: int = 1) -> None:
 
 
 __all__ = ["PREEMPTED", "WORKER_DROPPED", "SERVER_SILENT", "abort", "abort_on_uncaught",
-           "abort_on_thread_exception", "announce_departure", "rendezvous", "rank_name"]
+           "abort_on_thread_exception", "announce_departure", "raise_together", "rendezvous", "rank_name"]

@@ -147,10 +147,8 @@ def _settings_agreed(world: Any, requested: Optional[int]) -> int:
         settings()
         servers = _servers(requested)
     except HvdDcasgdError as exc:
-        problem = str(exc)
-    problems = [p for p in world.allgather(problem) if p]
-    if problems:
-        raise HvdDcasgdError(problems[0], collective=True, speaks=world.Get_rank() == 0)
+        problem = exc
+    exits.raise_together(world, problem)
     return servers
 
 

@@ -29,8 +29,7 @@ from helpers import (PROGRAMS, ROOT, TRAINING, WORKERS, BackgroundJob, check_fin
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
 
-# one SLURM cluster or set of emulated hosts at a time: the modules that start them share one test process
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.xdist_group("clusters")]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 HOSTS = ROOT / "tests" / "cluster" / "hosts.sh"
 LAUNCHER = ROOT / "launch" / "hvd-dcasgd-run"

@@ -27,8 +27,7 @@ from hvd_dcasgd.common.process import run_command
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
 
-# one SLURM cluster or set of emulated hosts at a time: the modules that start them share one test process
-pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.xdist_group("clusters")]
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
 CLUSTER = ROOT / "slurm" / "local_cluster.sh"
 #: How long a job may take, from submission (or a requeue) to its end, on 2 busy cores.

@@ -22,7 +22,7 @@ other ``HVD_DCASGD_*`` variable from this environment, so both trees run the
 same job whatever variables either knows.
 
     python benchmarks/compare_commits.py [--base REV] [--rounds 5] [--modes none adaptive]
-        [--workers 4] [--numel 1000000] [--steps 200]
+        [--workers 4] [--numel 1000000] [--steps 200] [--markdown docs/PERFORMANCE.md]
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import docs_section
 from jobs import ROOT, mpirun
 
 LABELS = {"none": "ASGD", "constant": "DC-ASGD-c", "adaptive": "DC-ASGD-a", "sync": "SSGD"}
@@ -141,6 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--steps", type=int, default=200, help="pushes per worker in each run")
     parser.add_argument("--tolerance", type=float, default=0.95, help="the ratio below which the tree is slower")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for each mpirun")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the result as this script's section of PATH")
     args = parser.parse_args(argv)
     base = git("rev-parse", "--verify", f"{args.base or default_base()}^{{commit}}")
     head = git("rev-parse", "--short", "HEAD")
@@ -149,14 +151,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         base_tree = Path(scratch) / "base"
         git("worktree", "add", "--detach", str(base_tree), base)
         try:
-            print(f"base {base[:7]} ({base_tree}) against this tree, {head}{dirty} ({ROOT}): {args.workers} workers, "
-                  f"{args.numel / 1e6:g}M float32 parameters, {args.steps} pushes per worker, {args.rounds} rounds, "
-                  f"{os.cpu_count()} cores", flush=True)
+            setting = (f"{args.workers} workers, {args.numel / 1e6:g}M float32 parameters, {args.steps} pushes per "
+                       f"worker, {args.rounds} rounds, {os.cpu_count()} cores")
+            print(f"base {base[:7]} ({base_tree}) against this tree, {head}{dirty} ({ROOT}): {setting}", flush=True)
             rates = compare(base_tree, ROOT, args)
         finally:
             git("worktree", "remove", "--force", str(base_tree))
-    for line in report(rates, args.tolerance):
-        print(line)
+    lines = [f"The tree at {head}{dirty} against {base[:7]}: {setting}.", "",
+             *(f"- {line}" for line in report(rates, args.tolerance))]
+    docs_section.publish("compare_commits.py", sys.argv[1:] if argv is None else argv, lines, args.markdown)
 
 
 if __name__ == "__main__":

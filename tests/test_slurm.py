@@ -105,7 +105,9 @@ def jobs(slurm_env, tmp_path_factory):
     submitted = {}
     for name, (extra_env, options, script, args) in plans.items():
         output = out_dir / f"{name}.out"
-        limit = [] if any(o.startswith("--time") for o in options) else ["--time=5"]
+        # 10 minutes: past JOB_DEADLINE, so that SLURM's advance signal (60 s before the limit) never reaches a
+        # job that is only slow on a loaded machine (a 5-minute limit signalled a digits job at 4 minutes)
+        limit = [] if any(o.startswith("--time") for o in options) else ["--time=10"]
         cmd = ["sbatch", "--parsable", f"--output={output}", *limit, *options, str(ROOT / "slurm" / script), *args]
         result = _command(cmd, {**slurm_env, **venv, **extra_env}, timeout=30)
         assert result is not None and result.returncode == 0, f"sbatch failed: {cmd}\n{result and result.stdout}"

@@ -122,8 +122,9 @@ class Job(BackgroundJob):
     """One ``mpirun`` of the synthetic program in the background (see
     :class:`BackgroundJob`)."""
 
-    def __init__(self, out: Path, *args, workers=3, mca=(), env=None, timeout=120, log="log", launcher=False,
+    def __init__(self, out: Path, *args, workers=None, mca=(), env=None, timeout=120, log="log", launcher=False,
                  servers=1):
+        workers = WORKERS if workers is None else workers
         self.out, self.ranks = out, workers + servers
         if launcher:  # this project's launcher, as a user runs it
             start = [sys.executable, str(ROOT / "launch" / "hvd-dcasgd-run"), "-n", str(workers)]
@@ -267,8 +268,14 @@ def paper_compensation(mode, g, w, w_bak, lambda_0, mean_square=None, bound=1.0)
     return g + correction
 
 
+#: Workers of a job (:class:`Job`, and the checks of its trace), unless a test says otherwise: two, the fewest
+#: that make gradients stale, since each rank of a job costs the suite seconds of CPU (it imports torch).
+WORKERS = 2
+
+
 # --- a server over COMM_SELF -------------------------------------------------
-WORKERS = 3
+#: Workers of a server over COMM_SELF (no process each: any number costs nothing).
+SELF_WORKERS = 3
 
 
 class Net(torch.nn.Module):
@@ -307,7 +314,7 @@ def server_and_reference(optimizer_name, mode, wire=torch.float32, per_worker=Fa
     reference_optimizer = OPTIMIZERS[optimizer_name](reference)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
     comp = Compensation(mode, per_worker_mean_square=per_worker)
-    server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire,
+    server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=SELF_WORKERS, wire_dtype=wire,
                          staged=staged, update_path=path)
     return server, model, reference, reference_optimizer, comp
 
@@ -345,7 +352,7 @@ def fresh_server(optimizer_name, comp, seed=0, wire=torch.float32, **options):
                 p.add_(torch.randn_like(p))
     optimizer = OPTIMIZERS[optimizer_name](model)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
-    return open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS, wire_dtype=wire, **options)
+    return open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=SELF_WORKERS, wire_dtype=wire, **options)
 
 
 def apply_pushes(server, pushes):
@@ -573,7 +580,7 @@ def check_exactly_once(records, steps_per_worker):
         last_sent[r["worker"]] = r["update"] + 1
 
 
-def replay_paper(records, args):
+def replay_paper(records, args, workers=WORKERS):
     """Replay the trace in one process: the gradient of push (m, k) at w_bak(m),
     compensated by the paper's formulas written out here (sharing no code with
     the package), then a fresh torch optimizer."""
@@ -584,7 +591,7 @@ def replay_paper(records, args):
             model.a.fill_(synthetic.RESTORED_A)
     optimizer = synthetic.make_optimizer(model, args)
     params = [model.a, model.b]
-    backups = [[p.detach().clone() for p in params] for _ in range(WORKERS)]
+    backups = [[p.detach().clone() for p in params] for _ in range(workers)]
     mean_squares = [torch.zeros_like(p) for p in params]
     lambda_0 = {"constant": 0.04, "adaptive": 8.0}.get(args.compensation, 0.0)
     wire = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.compression]
@@ -603,7 +610,7 @@ def replay_paper(records, args):
             p.grad = paper_compensation(args.compensation, g, w, w_bak, lambda_0, mean_square)
         factor = synthetic.lr_factor(k) if args.schedule else 1.0
         if args.lr_scaling == "horovod":  # Horovod's rate is for the average of all workers' gradients
-            factor /= WORKERS
+            factor /= workers
         optimizer.param_groups[0]["lr"] = args.lr * factor
         optimizer.param_groups[1]["lr"] = args.lr * 0.5 * factor
         optimizer.step()

@@ -15,7 +15,7 @@ from hvd_dcasgd.algorithm.simulator import RoundRobin, simulate
 from hvd_dcasgd.algorithm.update import FOREACH, FUSED, REFERENCE, default_update_path, lr_factor
 
 from helpers import (
-    BATCH, WORKERS, apply_pushes, assert_same, digits_data, digits_model, fresh_server, lr_of_epoch, push_gradient,
+    BATCH, SELF_WORKERS, apply_pushes, assert_same, digits_data, digits_model, fresh_server, lr_of_epoch, push_gradient,
     reference_step, server_and_reference,
 )
 
@@ -173,9 +173,9 @@ def spy():
 
 @pytest.mark.parametrize("lr_scaling", ["none", "horovod"])
 def test_the_server_tells_a_rule_the_staleness_and_the_rates_it_applies(spy, lr_scaling):
-    server = fresh_server("sgd", Compensation("spy"), lr_factor=lr_factor(lr_scaling, "async", WORKERS))
+    server = fresh_server("sgd", Compensation("spy"), lr_factor=lr_factor(lr_scaling, "async", SELF_WORKERS))
     order = [0, 1, 2, 1, 0, 0, 2, 1]
-    sent_at, expected = [0] * WORKERS, []
+    sent_at, expected = [0] * SELF_WORKERS, []
     for update, worker in enumerate(order):
         push_gradient(server, worker, seed=update, lrs=[0.3, 0.6])
         server.apply(worker)
@@ -183,7 +183,7 @@ def test_the_server_tells_a_rule_the_staleness_and_the_rates_it_applies(spy, lr_
         sent_at[worker] = update + 1
     assert [p.staleness for p in spy] == expected == [0, 1, 2, 1, 3, 0, 3, 3]
     assert server.telemetry.staleness == Counter(expected), "what the trace records"
-    factor = 1 / WORKERS if lr_scaling == "horovod" else 1.0
+    factor = 1 / SELF_WORKERS if lr_scaling == "horovod" else 1.0
     assert all(list(p.lrs) == pytest.approx([0.3 * factor, 0.6 * factor]) for p in spy)
     assert all(list(p.group_ranges) == server.layout.group_ranges() for p in spy)
     assert server.optimizer.param_groups[0]["lr"] == pytest.approx(0.3), "the optimizer shows the workers' rate"
@@ -192,9 +192,9 @@ def test_the_server_tells_a_rule_the_staleness_and_the_rates_it_applies(spy, lr_
 def test_a_round_of_the_sync_schedule_is_fresh(spy):
     server = fresh_server("sgd", Compensation("spy", schedule="sync"))
     for round_ in range(3):
-        for m in range(WORKERS):
+        for m in range(SELF_WORKERS):
             push_gradient(server, m, seed=10 * round_ + m, lrs=[0.1, 0.1])
-        server.apply_round(range(WORKERS))
+        server.apply_round(range(SELF_WORKERS))
     assert [p.staleness for p in spy] == [0, 0, 0]
 
 
@@ -210,8 +210,8 @@ def test_server_updates_match_a_naive_reference(mode, optimizer_name, staged, pa
     flat = lambda: torch.cat([p.detach().reshape(-1) for p in params])  # noqa: E731
     group_of = torch.cat([torch.full((sum(p.numel() for p in group["params"]),), i)
                           for i, group in enumerate(reference_optimizer.param_groups)])
-    backups = [flat() for _ in range(WORKERS)]
-    sent_at = [0] * WORKERS
+    backups = [flat() for _ in range(SELF_WORKERS)]
+    sent_at = [0] * SELF_WORKERS
     v, eta_max = torch.zeros_like(backups[0]), torch.zeros(len(reference_optimizer.param_groups))
     for update, worker in enumerate([0, 1, 2, 1, 0, 0, 2, 1, 1, 2]):
         lrs = [0.1 / (1 + update), 0.05]

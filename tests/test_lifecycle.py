@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import PROGRAMS, ROOT, TCP, mpirun, python, run
+from helpers import PROGRAMS, ROOT, TCP, WORKERS, mpirun, python, run
 
 from hvd_dcasgd.common.errors import HvdDcasgdError
 from hvd_dcasgd.common.tags import CUT, STOP
@@ -29,7 +29,7 @@ from hvd_dcasgd.serving.messages import CutOrder
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
 
-WORKERS, STEPS = 3, 8
+STEPS = 8
 
 
 @pytest.mark.mpi

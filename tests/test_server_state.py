@@ -12,7 +12,7 @@ from hvd_dcasgd.algorithm.rules import COMPENSATIONS, GLOBAL, CompensationRule, 
 from hvd_dcasgd.common.errors import HvdDcasgdValueError
 from hvd_dcasgd.algorithm.update import FUSED_SGD, lr_factor
 
-from helpers import WORKERS, apply_pushes, assert_same, fresh_server, push_gradient
+from helpers import SELF_WORKERS, apply_pushes, assert_same, fresh_server, push_gradient
 
 @pytest.mark.parametrize("optimizer_name", ["sgd", "sgd-momentum-wd", "sgd-per-group", "adam"])
 @pytest.mark.parametrize("mode,per_worker", [("none", False), ("constant", False), ("adaptive", False),
@@ -32,7 +32,7 @@ def test_a_loaded_server_continues_bit_for_bit(optimizer_name, mode, per_worker,
     apply_pushes(original, range(5, 12))
     apply_pushes(resumed, range(5, 12))
     assert_same(resumed.state_dict(), original.state_dict())
-    for m in range(WORKERS):
+    for m in range(SELF_WORKERS):
         assert torch.equal(resumed.outboxes[m], original.outboxes[m]), "each worker is sent its own backup"
     if optimizer_name != "sgd" and original.update.path == FUSED_SGD:
         assert resumed.update.momentum.started == original.update.momentum.started
@@ -45,11 +45,11 @@ def test_state_holds_every_part_and_is_a_copy():
     state = server.state_dict()
     assert state["format"] == 2
     assert state["settings"]["compensation"] == {**comp.__dict__}
-    assert state["settings"]["num_workers"] == WORKERS
+    assert state["settings"]["num_workers"] == SELF_WORKERS
     # pushes from workers 0, 1, 2, 1: each sent_at is the update count right after its last push
     assert state["updates"] == 4 and state["pushes"] == [1, 2, 1] and state["sent_at"] == [1, 4, 3]
     assert state["refused"] == [0, 0, 0]
-    assert len(state["backups"]) == WORKERS and len(state["compensation_state"]["mean_square"]) == WORKERS
+    assert len(state["backups"]) == SELF_WORKERS and len(state["compensation_state"]["mean_square"]) == SELF_WORKERS
     assert sorted(state["optimizer"]["state"]) == [0, 1, 2, 3]
     before = copy.deepcopy(state)
     apply_pushes(server, range(4, 6))
@@ -82,7 +82,7 @@ def test_a_state_saved_under_the_earlier_names_loads(lr_scaling):
     compensation's settings; they load, and a server of another rate factor
     still refuses them."""
     comp = Compensation("adaptive")
-    factor = lr_factor(lr_scaling, "async", WORKERS)
+    factor = lr_factor(lr_scaling, "async", SELF_WORKERS)
     original = fresh_server("sgd-momentum-wd", comp, untrained_state={"count": torch.arange(3.0)}, lr_factor=factor)
     apply_pushes(original, range(4))
     state = original.state_dict()
@@ -95,7 +95,7 @@ def test_a_state_saved_under_the_earlier_names_loads(lr_scaling):
                            lr_factor=factor)
     resumed.load_state_dict(state)
     assert_same(resumed.state_dict(), original.state_dict())
-    other = lr_factor("none" if lr_scaling == "horovod" else "horovod", "async", WORKERS)
+    other = lr_factor("none" if lr_scaling == "horovod" else "horovod", "async", SELF_WORKERS)
     refusing = fresh_server("sgd-momentum-wd", comp, untrained_state={"count": torch.zeros(3)}, lr_factor=other)
     with pytest.raises(HvdDcasgdValueError, match="lr_factor"):
         refusing.load_state_dict(state)

@@ -13,7 +13,7 @@ from hvd_dcasgd.protocol.layout import ModelLayout
 from hvd_dcasgd.runtime.mpi import load_mpi
 from hvd_dcasgd.algorithm.update import FOREACH, FUSED, FUSED_SGD, REFERENCE, is_sgd, lr_factor
 
-from helpers import OPTIMIZERS, WORKERS, Net, paper_compensation, param_groups, push_gradient, reference_step, server_and_reference
+from helpers import OPTIMIZERS, SELF_WORKERS, Net, paper_compensation, param_groups, push_gradient, reference_step, server_and_reference
 
 @pytest.mark.parametrize("path", [None, REFERENCE, FOREACH], ids=["default-path", "reference-path", "foreach-path"])
 @pytest.mark.parametrize("staged", [False, True], ids=["window-backups", "staged-device-path"])
@@ -31,7 +31,7 @@ def test_async_updates_match_naive_reference(optimizer_name, mode, staged, path)
         assert server.update.path == expected, server.update.why
     params = [p for group in reference_optimizer.param_groups for p in group["params"]]  # the wire's order
     flat = lambda: torch.cat([p.detach().reshape(-1) for p in params])  # noqa: E731
-    backups = [flat() for _ in range(WORKERS)]
+    backups = [flat() for _ in range(SELF_WORKERS)]
     mean_square = torch.zeros_like(backups[0])
     order = [0, 1, 2, 1, 0, 0, 2, 1]
     for i, worker in enumerate(order):
@@ -55,7 +55,7 @@ def test_async_updates_match_naive_reference(optimizer_name, mode, staged, path)
 def test_per_worker_mean_square_keeps_one_per_worker():
     server, *_ = server_and_reference("sgd", "adaptive", per_worker=True)
     mean_squares = server.update.state.tensors["mean_square"]
-    assert len(mean_squares) == WORKERS
+    assert len(mean_squares) == SELF_WORKERS
     pushed = {}
     for i, worker in enumerate([0, 1, 0]):
         pushed.setdefault(worker, []).append(push_gradient(server, worker, seed=i, lrs=[0.1, 0.05]))
@@ -83,8 +83,8 @@ def test_fp16_wire_gradient_is_applied_in_float32(staged):
 @pytest.mark.parametrize("staged", [False, True], ids=["window-backups", "staged-device-path"])
 def test_sync_round_averages_and_steps_once(staged):
     server, _, reference, reference_optimizer, _ = server_and_reference("sgd-momentum-wd", "sync", staged=staged)
-    gradients = [push_gradient(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(WORKERS)]
-    server.apply_round(list(range(WORKERS)))
+    gradients = [push_gradient(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(SELF_WORKERS)]
+    server.apply_round(list(range(SELF_WORKERS)))
     mean = torch.stack(gradients).mean(0)
     offset = 0
     for p in reference.parameters():
@@ -94,7 +94,7 @@ def test_sync_round_averages_and_steps_once(staged):
     expected = torch.cat([p.detach().reshape(-1) for p in reference.parameters()])
     assert server.updates == 1
     assert torch.allclose(server.weights, expected, atol=1e-6)
-    for m in range(WORKERS):
+    for m in range(SELF_WORKERS):
         assert torch.equal(server.outboxes[m], server.weights)
 
 
@@ -112,8 +112,8 @@ def test_momentum_state_of_the_fused_path_is_the_optimizers_state():
     server, _, reference, reference_optimizer, _ = server_and_reference("sgd-momentum-wd", "none")
     assert server.update.path == FUSED_SGD
     for i in range(3):
-        g = push_gradient(server, i % WORKERS, seed=i, lrs=[0.1, 0.05])
-        server.apply(i % WORKERS)
+        g = push_gradient(server, i % SELF_WORKERS, seed=i, lrs=[0.1, 0.05])
+        server.apply(i % SELF_WORKERS)
         offset = 0
         for p in reference.parameters():
             p.grad = g[offset : offset + p.numel()].view_as(p).clone()
@@ -220,9 +220,9 @@ def test_compressed_gradients_stay_within_rounding_of_the_float32_run(wire, mode
         server, *_ = server_and_reference("sgd-momentum-wd", mode, wire=dtype)
         budget = 0.0
         for i in range(60):
-            g = push_gradient(server, i % WORKERS, seed=i, lrs=[0.1, 0.05])
+            g = push_gradient(server, i % SELF_WORKERS, seed=i, lrs=[0.1, 0.05])
             budget += 0.1 * g.abs().max().item()
-            server.apply(i % WORKERS)
+            server.apply(i % SELF_WORKERS)
         runs[dtype] = server.weights.clone()
     bound = torch.finfo(wire).eps / 2 * budget / (1 - 0.9)
     difference = (runs[wire] - runs[torch.float32]).abs().max().item()
@@ -238,17 +238,17 @@ def test_horovod_lr_scaling_applies_each_asynchronous_gradient_at_lr_over_size(s
     optimizer = torch.optim.SGD(param_groups(model), lr=0.3)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
     comp = Compensation("none", schedule=schedule)
-    server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=WORKERS,
-                         lr_factor=lr_factor("horovod", schedule, WORKERS))
+    server = open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=SELF_WORKERS,
+                         lr_factor=lr_factor("horovod", schedule, SELF_WORKERS))
     before = server.weights.clone()
-    gradients = [push_gradient(server, m, seed=m, lrs=[0.3, 0.6]) for m in range(WORKERS)]
+    gradients = [push_gradient(server, m, seed=m, lrs=[0.3, 0.6]) for m in range(SELF_WORKERS)]
     n1 = sum(p.numel() for p in model.fc1.parameters())
     if schedule == "async":
         server.apply(0)
         step = gradients[0]
-        rates = [0.3 / WORKERS, 0.6 / WORKERS]
+        rates = [0.3 / SELF_WORKERS, 0.6 / SELF_WORKERS]
     else:
-        server.apply_round(list(range(WORKERS)))
+        server.apply_round(list(range(SELF_WORKERS)))
         step = torch.stack(gradients).mean(0)
         rates = [0.3, 0.6]
     expected = torch.cat([before[:n1] - rates[0] * step[:n1], before[n1:] - rates[1] * step[n1:]])
@@ -259,10 +259,10 @@ def test_horovod_lr_scaling_applies_each_asynchronous_gradient_at_lr_over_size(s
 def test_a_sync_round_without_a_refused_push_averages_the_others(monkeypatch):
     monkeypatch.setenv("HVD_DCASGD_SKIP_BAD_PUSHES", "1")
     server, _, reference, reference_optimizer, _ = server_and_reference("sgd", "sync")
-    gradients = [push_gradient(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(WORKERS)]
+    gradients = [push_gradient(server, m, seed=m, lrs=[0.1, 0.05]) for m in range(SELF_WORKERS)]
     server.messages[1].gradient[0] = float("inf")
     before = server.weights.clone()
-    server.apply_round(list(range(WORKERS)))
+    server.apply_round(list(range(SELF_WORKERS)))
     mean = (gradients[0] + gradients[2]) / 2
     n1 = sum(p.numel() for p in reference.fc1.parameters())
     expected = torch.cat([before[:n1] - 0.1 * mean[:n1], before[n1:] - 0.05 * mean[n1:]])

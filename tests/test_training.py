@@ -7,14 +7,14 @@ import sys
 import pytest
 import torch
 
-from helpers import PROGRAMS, TCP, check_exactly_once, mpirun, replay_exactly, replay_paper
+from helpers import PROGRAMS, TCP, WORKERS, check_exactly_once, mpirun, replay_exactly, replay_paper
 
 sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
 
-WORKERS, STEPS = 3, 12
+STEPS = 12
 
 
 def _train(tmp_path, *args, mca=(), workers=WORKERS, env=None):

@@ -9,6 +9,12 @@ import pytest
 
 from helpers import ROOT, horovod_installed, unavailable
 
+# Horovod's background thread on each worker runs a cycle every HOROVOD_CYCLE_TIME ms (1 by default), idle or
+# not: on 2 cores, where a job's ranks share the cores, its polling took 20 to 70% of a core per worker while the
+# workers trained (measured, docs/TESTING.md).  The workers' Horovod carries only a script's own collectives here,
+# so the suite's jobs run at 5 ms, Horovod's default before 0.21, unless the caller set it.
+os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
+
 #: Where a run of the whole suite leaves each test's time (``benchmarks/suite_durations.py`` writes
 #: the testing page's table of the slowest from it).
 DURATIONS = ROOT / "build" / "test-durations.json"

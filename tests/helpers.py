@@ -448,17 +448,17 @@ def replay_exactly(records, args, workers=WORKERS, at_sent=None):
     return layout.views(weights)
 
 
-def check_history(records, steps):
+def check_history(records, steps, workers=WORKERS):
     """Update numbers 0..n-1 once each, in order; every worker's steps 0..steps-1 once each, in order."""
     records = [r for r in records if "update" in r]
     assert [r["update"] for r in records] == list(range(len(records)))
-    for m in range(WORKERS):
+    for m in range(workers):
         assert [r["step"] for r in records if r["worker"] == m] == list(range(steps)), m
 
 
-def check_final_weights(out, records, args, at_sent=None):
-    a, b = replay_exactly(records, args, at_sent=at_sent)
-    for m in range(WORKERS):
+def check_final_weights(out, records, args, at_sent=None, workers=WORKERS):
+    a, b = replay_exactly(records, args, workers=workers, at_sent=at_sent)
+    for m in range(workers):
         final = torch.load(out / f"worker{m}.pt", weights_only=True)
         assert torch.equal(final["a"], a) and torch.equal(final["b"], b), m
 
@@ -470,7 +470,7 @@ def flat_ab(state):
     return torch.cat([state["a"].reshape(-1), state["b"].reshape(-1)])
 
 
-def per_shard(lines, servers, sync=False):
+def per_shard(lines, servers, sync=False, workers=WORKERS):
     """Each server's slice and its records, in the order it applied them."""
     heads = {r["shard"]: (r["offset"], r["numel"]) for r in lines if "offset" in r}
     assert sorted(heads) == list(range(servers)), "one first line per server"
@@ -481,7 +481,7 @@ def per_shard(lines, servers, sync=False):
     for rs in records:
         updates = [r["update"] for r in rs]
         if sync:  # one update per round of every worker's push
-            assert updates == [u for u in range(len(rs) // WORKERS) for _ in range(WORKERS)]
+            assert updates == [u for u in range(len(rs) // workers) for _ in range(workers)]
         else:
             assert updates == list(range(len(rs))), "one update per push, in order, per server"
     return slices, records
@@ -510,7 +510,7 @@ def sharded_replay(slices, records, args):
             optimizer = torch.optim.SGD(groups, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
                                         nesterov=args.nesterov)
         shards.append({"offset": offset, "numel": numel, "pieces": pieces, "optimizer": optimizer,
-                       "backups": {m: flat0[offset:offset + numel].clone() for m in range(WORKERS)},
+                       "backups": {},  # each worker's, from its first push on
                        "mean_square": torch.zeros(numel), "weights": lambda ps=pieces: torch.cat([p.detach() for p in ps])})
     sent = {}  # (server, worker, push) -> the weights that server answered it with
     position = [0] * len(shards)
@@ -534,7 +534,8 @@ def sharded_replay(slices, records, args):
                 if k and any((t, m, k - 1) not in sent for t in range(len(shards))):
                     break  # this worker's previous push is not answered by every server yet
                 g = gradient(m, k)[shard["offset"]:shard["offset"] + shard["numel"]]
-                w, w_bak = shard["weights"](), shard["backups"][m]
+                w = shard["weights"]()
+                w_bak = shard["backups"].get(m, flat0[shard["offset"]:shard["offset"] + shard["numel"]])
                 if args.compensation in ("constant", "adaptive"):
                     g = paper_compensation(args.compensation, g, w, w_bak, lambda_0, shard["mean_square"])
                 elif args.compensation == "staleness":  # Zhang et al. 2016: this server's own staleness
@@ -553,18 +554,18 @@ def sharded_replay(slices, records, args):
     return [shard["weights"]() for shard in shards]
 
 
-def check_resumed_sharded(tmp_path, lines, servers):
+def check_resumed_sharded(tmp_path, lines, servers, workers=WORKERS):
     """The concatenated trace of the interrupted and the resumed job replays,
     server by server, to the final weights every rank holds."""
     slices, records = per_shard(lines, servers)  # each server's update numbers continue across the restart
     for rs in records:
-        for m in range(WORKERS):
+        for m in range(workers):
             assert [r["step"] for r in rs if r["worker"] == m] == list(range(40))
     expected = sharded_replay(slices, records, synthetic.parse_args(list(map(str, TRAINING))))
     final = flat_ab(torch.load(tmp_path / "worker0.pt"))
     for (offset, numel), weights in zip(slices, expected):
         assert torch.allclose(final[offset:offset + numel], weights, atol=1e-5), (offset, numel)
-    for path in [*(tmp_path / f"worker{m}.pt" for m in range(1, WORKERS)), tmp_path / "server.pt",
+    for path in [*(tmp_path / f"worker{m}.pt" for m in range(1, workers)), tmp_path / "server.pt",
                  *(tmp_path / f"server{s}.pt" for s in range(1, servers))]:
         assert torch.equal(flat_ab(torch.load(path)), final), path
 

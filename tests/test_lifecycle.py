@@ -70,9 +70,9 @@ def test_uneven_workers_finish_and_every_rank_holds_the_final_weights(tmp_path, 
     # floating-point buffers are averaged over the workers: worker m filled its buffer with m
     assert torch.allclose(server["running"], torch.full((4,), (WORKERS - 1) / 2))
     # integer buffers are summed: worker m counted its 4 * (m + 1) batches
-    assert server["batches"].dtype == torch.int64 and server["batches"].item() == 4 * (1 + 2 + 3)
-    if mode == "sync":  # rounds shrink as workers leave: 4 rounds of 3, 4 of 2, 4 of 1
-        assert "server: 12 updates in" in result.stdout
+    assert server["batches"].dtype == torch.int64 and server["batches"].item() == 4 * sum(range(1, WORKERS + 1))
+    if mode == "sync":  # rounds shrink as workers leave: 4 rounds of every worker, 4 of one fewer, ...
+        assert f"server: {4 * WORKERS} updates in" in result.stdout
 
 
 @pytest.mark.mpi
@@ -181,7 +181,7 @@ def test_the_server_refuses_a_bad_push_whatever_the_workers_check(bad, problem):
 def test_no_stall_is_silent(mode):
     """Worker 1 stops for 3.5 s: the server names it; in sync the others
     wait for the server's answer meanwhile, and say so."""
-    result = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--bad", "stall", "--compensation", mode,
+    result = mpirun(4, PROGRAMS / "synthetic.py", "--bad", "stall", "--compensation", mode,  # 3 workers: 2 wait
                     env={"HVD_DCASGD_STALL_WARNING": "1"}, timeout=120)
     assert result.returncode == 0, result.stdout[-3000:]
     named = re.findall(r"\[rank 0\] hvd_dcasgd: worker 1 \(MPI rank 2, host \S+\) has not pushed for (\d+) s",
@@ -198,7 +198,7 @@ def test_bad_pushes_can_be_skipped_and_counted(tmp_path):
                     env={"HVD_DCASGD_SKIP_BAD_PUSHES": "1"})
     assert result.returncode == 0, result.stdout[-3000:]
     refused = STEPS - 3  # worker 1's rate stays NaN from its push 3 on
-    assert f"refused pushes per worker [0, {refused}, 0]" in result.stdout, result.stdout[-2000:]
+    assert f"refused pushes per worker {[0, refused, *[0] * (WORKERS - 2)]}" in result.stdout, result.stdout[-2000:]
     assert f"server: {WORKERS * STEPS - refused} updates in" in result.stdout
     for name in ("server.pt", "worker0.pt", "worker1.pt"):
         weights = torch.load(tmp_path / name)
@@ -231,18 +231,19 @@ def test_missing_mpi_under_a_launcher_is_a_clear_error():
 
 @pytest.mark.mpi
 def test_horovod_helpers_work_among_the_workers(tmp_path):
-    result = mpirun(WORKERS + 1, PROGRAMS / "collectives.py", tmp_path, timeout=60)
+    workers = 3  # the program broadcasts from worker 2
+    result = mpirun(workers + 1, PROGRAMS / "collectives.py", tmp_path, timeout=60)
     assert result.returncode == 0, result.stdout
     rows = sorted((json.loads(f.read_text()) for f in tmp_path.glob("result*.json")), key=lambda r: r["rank"])
-    assert [r["rank"] for r in rows] == list(range(WORKERS)), "only the workers run the loop"
+    assert [r["rank"] for r in rows] == list(range(workers)), "only the workers run the loop"
     for r in rows:
-        assert r["size"] == WORKERS
-        assert r["average"] == pytest.approx((WORKERS - 1) / 2)
-        assert r["sum"] == [WORKERS * (WORKERS - 1) // 2, WORKERS]
+        assert r["size"] == workers
+        assert r["average"] == pytest.approx((workers - 1) / 2)
+        assert r["sum"] == [workers * (workers - 1) // 2, workers]
         assert r["object"] == {"from": 1}
-        assert r["gathered"] == list(range(WORKERS))
+        assert r["gathered"] == list(range(workers))
         assert r["broadcast"] == [20]
-        assert r["max"] == WORKERS - 1
+        assert r["max"] == workers - 1
         assert r["server_state_entries"] == 2, "momentum buffers of weight and bias, from the server"
         assert r["weight_after_broadcast"] == pytest.approx(7.0 * 6)
         assert r["final_weight"] == pytest.approx(7.0 * 6), "the restore reached the server"

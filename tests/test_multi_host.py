@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from hvd_dcasgd.common.process import run_command
-from helpers import (PROGRAMS, ROOT, TRAINING, WORKERS, BackgroundJob, check_final_weights, check_history,
+from helpers import (PROGRAMS, ROOT, TRAINING, BackgroundJob, check_final_weights, check_history,
                      check_resumed_sharded, flat_ab, gpu_placement_problems, mpirun, per_shard, placed_ranks, run,
                      sharded_replay, trace, unavailable)
 
@@ -30,6 +30,9 @@ sys.path.insert(0, str(PROGRAMS))
 import synthetic  # noqa: E402
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+#: Workers of each job: three, so that the hosts hold workers beside a server and alone.
+WORKERS = 3
 
 HOSTS = ROOT / "tests" / "cluster" / "hosts.sh"
 LAUNCHER = ROOT / "launch" / "hvd-dcasgd-run"
@@ -96,8 +99,8 @@ def test_one_server_across_two_hosts_replays_its_trace_bit_for_bit(cluster, tmp_
     log = train(cluster, tmp_path, *args)
     assert placement(log) == ("2", "a: server w0; b: w1 w2"), log[-4000:]
     records = trace(tmp_path / "trace")
-    check_history(records, 15)
-    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, args))))
+    check_history(records, 15, workers=WORKERS)
+    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, args))), workers=WORKERS)
 
 
 def test_two_servers_over_three_hosts_from_a_hostfile_replay_their_traces(cluster, tmp_path):
@@ -108,7 +111,7 @@ def test_two_servers_over_three_hosts_from_a_hostfile_replay_their_traces(cluste
     log = train(cluster, tmp_path / "run", *args, hosts=("--hostfile", hostfile), servers=2)
     assert placement(log) == ("3", "a: s0 w1; b: s1 w2; c: w0"), log[-4000:]
     lines = trace(tmp_path / "run" / "trace")
-    slices, records = per_shard(lines, 2)
+    slices, records = per_shard(lines, 2, workers=WORKERS)
     expected = sharded_replay(slices, records, synthetic.parse_args(list(map(str, args))))
     final = flat_ab(torch.load(tmp_path / "run" / "worker0.pt", weights_only=True))
     for (offset, numel), weights in zip(slices, expected):
@@ -215,10 +218,10 @@ def test_a_host_that_disappears_ends_the_job_naming_it_and_the_checkpoint_resume
     assert str(newest.parent if servers == 1 else newest.parent.parent) in log
     records = trace(tmp_path / "trace")
     if servers == 1:
-        check_history(records, 40)
-        check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))))
+        check_history(records, 40, workers=WORKERS)
+        check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))), workers=WORKERS)
     else:
-        check_resumed_sharded(tmp_path, records, servers)
+        check_resumed_sharded(tmp_path, records, servers, workers=WORKERS)
 
 
 # --- SLURM on the emulated hosts: a slurmd per host, slurmctld on a -----------------------------
@@ -332,5 +335,5 @@ def test_multi_node_sbatch_on_two_nodes_stops_with_a_checkpoint_and_resumes_exac
     assert f"resuming from update {update}" in text, text[-4000:]
     assert placement(text)[0] == "2", text[-4000:]
     records = trace(tmp_path / "trace")
-    check_history(records, 40)
-    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, SLURM_TRAINING))))
+    check_history(records, 40, workers=WORKERS)
+    check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, SLURM_TRAINING))), workers=WORKERS)

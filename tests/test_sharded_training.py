@@ -202,7 +202,8 @@ def test_a_stalled_worker_is_dropped_by_every_server_and_the_others_finish(tmp_p
 
     servers = 2
     env = {"HVD_DCASGD_STALL_TIMEOUT": "2", "HVD_DCASGD_SCHEDULE": schedule, "HVD_DCASGD_SERVERS": str(servers)}
-    job = Job(tmp_path, "--bad", "hang", "--steps", 20, "--step-time", 0.02, env=env, servers=servers)
+    # three workers: the two that go on must end with the same weights
+    job = Job(tmp_path, "--bad", "hang", "--steps", 20, "--step-time", 0.02, env=env, servers=servers, workers=3)
     status = job.wait()
     log = job.text()
     assert status == 69, log

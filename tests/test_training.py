@@ -79,17 +79,18 @@ def test_the_bounded_rule_trains_where_the_papers_diverges_and_replays_bit_for_b
     out in the tests.  (At lambda_0 8 the unbounded rule did not blow up within 20 steps in every
     ordering of the pushes.)"""
     steps = ["--compensation", "adaptive", "--steps", 20, "--lr", 0.05]
-    paper = mpirun(WORKERS + 1, PROGRAMS / "synthetic.py", "--out", tmp_path, *steps,
+    workers = 3  # the rate at which the paper's rule blows up was found with three (staleness about 2)
+    paper = mpirun(workers + 1, PROGRAMS / "synthetic.py", "--out", tmp_path, *steps,
                    env={"HVD_DCASGD_BOUND": "inf", "HVD_DCASGD_LAMBDA": "2"})
     assert paper.returncode == 1 and "holds NaN or Inf" in paper.stdout, paper.stdout[-3000:]
     bounded = tmp_path / "bounded"
     bounded.mkdir()
-    _, records, final, _ = _train(bounded, *steps)
-    check_exactly_once(records, [20] * WORKERS)
+    _, records, final, _ = _train(bounded, *steps, workers=workers)
+    check_exactly_once(records, [20] * workers)
     args = synthetic.parse_args([str(a) for a in steps])
-    a, b = replay_exactly(records, args)
-    expected = replay_paper(records, args)
-    for m in range(WORKERS):
+    a, b = replay_exactly(records, args, workers=workers)
+    expected = replay_paper(records, args, workers=workers)
+    for m in range(workers):
         assert torch.equal(final[m]["a"], a) and torch.equal(final[m]["b"], b), m
         assert torch.allclose(final[m]["a"], expected.a.detach(), atol=1e-5)
     assert float(a.abs().max()) < 10, "it trained: the weights stayed where the data puts them"

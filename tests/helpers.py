@@ -37,6 +37,9 @@ from hvd_dcasgd.algorithm.update import ServerUpdate
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 TCP = ("--mca", "btl", "tcp,self", "--mca", "osc", "pt2pt")
+#: Workers of a job (:class:`Job`, and the checks of its trace), unless a test says otherwise: two, the fewest
+#: that make gradients stale, since each rank of a job costs the suite seconds of CPU (it imports torch).
+WORKERS = 2
 
 
 def run(cmd, env=None, timeout=180):
@@ -122,9 +125,8 @@ class Job(BackgroundJob):
     """One ``mpirun`` of the synthetic program in the background (see
     :class:`BackgroundJob`)."""
 
-    def __init__(self, out: Path, *args, workers=None, mca=(), env=None, timeout=120, log="log", launcher=False,
+    def __init__(self, out: Path, *args, workers=WORKERS, mca=(), env=None, timeout=120, log="log", launcher=False,
                  servers=1):
-        workers = WORKERS if workers is None else workers
         self.out, self.ranks = out, workers + servers
         if launcher:  # this project's launcher, as a user runs it
             start = [sys.executable, str(ROOT / "launch" / "hvd-dcasgd-run"), "-n", str(workers)]
@@ -266,11 +268,6 @@ def paper_compensation(mode, g, w, w_bak, lambda_0, mean_square=None, bound=1.0)
     if bound != math.inf:
         correction = correction.clamp(min=-bound * g.abs(), max=bound * g.abs())
     return g + correction
-
-
-#: Workers of a job (:class:`Job`, and the checks of its trace), unless a test says otherwise: two, the fewest
-#: that make gradients stale, since each rank of a job costs the suite seconds of CPU (it imports torch).
-WORKERS = 2
 
 
 # --- a server over COMM_SELF -------------------------------------------------

@@ -17,14 +17,14 @@ from hvd_dcasgd.algorithm.server import ParameterServer
 from hvd_dcasgd.serving.loop import serve
 from hvd_dcasgd.observability.telemetry import Telemetry
 
-SELF_WORKERS = 2
+WORKERS = 2
 
 
 class RecordingControl:
     """Control words whose reads follow a script; every call is logged."""
 
     def __init__(self, log, script):
-        self.log, self.script, self.count = log, list(script), control_words(SELF_WORKERS)
+        self.log, self.script, self.count = log, list(script), control_words(WORKERS)
 
     def load_all(self, out):
         self.log.append("flags read")
@@ -49,8 +49,8 @@ class RecordingMailboxes:
 
     def __init__(self, log, inbox_bytes, outbox_bytes):
         self.log = log
-        self.inboxes = [torch.zeros(inbox_bytes, dtype=torch.uint8) for _ in range(SELF_WORKERS)]
-        self.outboxes = [torch.zeros(outbox_bytes, dtype=torch.uint8) for _ in range(SELF_WORKERS)]
+        self.inboxes = [torch.zeros(inbox_bytes, dtype=torch.uint8) for _ in range(WORKERS)]
+        self.outboxes = [torch.zeros(outbox_bytes, dtype=torch.uint8) for _ in range(WORKERS)]
 
     def inbox(self, worker):
         return self.inboxes[worker]
@@ -66,8 +66,8 @@ class RecordingMailboxes:
 
 
 def words(pushed, left):
-    w = np.zeros(control_words(SELF_WORKERS), dtype=np.int64)
-    for m in range(SELF_WORKERS):
+    w = np.zeros(control_words(WORKERS), dtype=np.int64)
+    for m in range(WORKERS):
         w[m * WORDS_PER_WORKER] = pushed[m]
         w[m * WORDS_PER_WORKER + 2] = left[m]
     return w
@@ -80,8 +80,8 @@ def test_the_server_syncs_after_a_flag_before_an_inbox_and_before_publishing():
     layout = ModelLayout.of(optimizer, model.named_parameters())
     control = RecordingControl(log, [words([1, 0], [0, 0]), words([1, 0], [1, 1])])
     mailboxes = RecordingMailboxes(log, PushMessage.size(layout, layout.dtype), layout.numel * 4)
-    server = ParameterServer(optimizer, layout, Compensation("constant"), ServerChannel(control, mailboxes, SELF_WORKERS),
-                             layout.dtype, torch.device("cpu"), Telemetry(SELF_WORKERS))
+    server = ParameterServer(optimizer, layout, Compensation("constant"), ServerChannel(control, mailboxes, WORKERS),
+                             layout.dtype, torch.device("cpu"), Telemetry(WORKERS))
     read_inbox = server._wire_gradient
     server._wire_gradient = lambda m: (log.append(f"inbox read[{m}]"), read_inbox(m))[1]
     fill_outbox = server._fill_outbox

@@ -170,3 +170,24 @@ def test_the_divergence_advice_names_the_constants_the_rule_uses():
     paper = Compensation("constant", bound=math.inf).divergence_advice()
     assert "bound the correction (HVD_DCASGD_BOUND=1: it is unbounded now" in paper and "now 0.04" in paper
     assert Compensation("none").divergence_advice().startswith("lower the learning rate (docs/USAGE.md")
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["constant", "adaptive"])
+@pytest.mark.parametrize("step", ["compensate", "sgd", "momentum", "nesterov"])
+def test_the_kernel_without_the_clamp_is_the_bounded_one_that_never_clamps(adaptive, step):
+    """bound = inf runs the C kernel's variants without the clamp's arithmetic: bit for bit what the clamped
+    variants give at a finite bound too large to clamp anything (float32's largest), for every variant."""
+    if native.library() is None:
+        pytest.fail("the C kernel must build here (cc and OpenMP are installed)")
+    g, w, w_bak, ms = case(n=200_003, seed=4)  # past the kernel's threading threshold
+    results = []
+    for bound in (math.inf, float(np.finfo(F32).max)):
+        tensors = [t.clone() for t in (g, w, w_bak, ms)] + [torch.full_like(g, 0.25)]
+        grad, weight, backup, mean_square, buffer = tensors
+        assert native.dcasgd_f32(grad, weight, backup, mean_square if adaptive else None, 0.5, MOMENTUM, EPS,
+                                 None if step == "compensate" else 0.1, weight_decay=0.01,
+                                 momentum=0.0 if step in ("compensate", "sgd") else 0.9, nesterov=step == "nesterov",
+                                 momentum_buffer=buffer if step in ("momentum", "nesterov") else None, bound=bound)
+        results.append(tensors)
+    for unclamped, clamped in zip(*results):
+        assert torch.equal(unclamped, clamped)

@@ -11,7 +11,10 @@
  *     g_c = g + clamp(c, -bound * |g|, bound * |g|)
  *
  * bound = +inf leaves c as it is (the paper's formula): bound * |g| is then
- * +inf, or NaN where g is 0, and neither comparison below holds.
+ * +inf, or NaN where g is 0, and neither comparison below holds, so the
+ * variants without the clamp (_unbounded) run instead: the same result,
+ * without the clamp's arithmetic (about a third of the update's time on
+ * 1M elements in cache).
  * With sgd_step set, torch.optim.SGD's step with g_c follows -- weight decay,
  * then momentum when momentum_buffer is given (buf = carry * buf + undamped * d:
  * the caller passes carry = 0 and undamped = 1 on the first step, which starts
@@ -43,7 +46,7 @@
 
 /* One function per structural variant, so that each is a straight loop that
  * the compiler vectorises (an OpenMP region is outlined once per function). */
-#define DEFINE_UPDATE(NAME, PLAIN, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)                       \
+#define DEFINE_UPDATE(NAME, PLAIN, BOUNDED, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)              \
     static void NAME(PARAMETERS)                                                                     \
     {                                                                                                \
         _Pragma("omp parallel for schedule(static) num_threads(threads) if (n > 65536)")            \
@@ -53,12 +56,12 @@
                 __builtin_prefetch(&w_bak[j], SGD_STEP, 3);                                         \
             _Pragma("omp simd")                                                                      \
             for (int64_t i = block; i < end; i++)                                                    \
-                UPDATE_ONE(PLAIN, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)                        \
+                UPDATE_ONE(PLAIN, BOUNDED, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)               \
         }                                                                                            \
     }
 
 /* The update of element i. */
-#define UPDATE_ONE(PLAIN, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)                                \
+#define UPDATE_ONE(PLAIN, BOUNDED, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)                       \
         {                                                                                            \
             const float g = grad[i];                                                                 \
             float lambda_t = lambda_0;                                                               \
@@ -70,8 +73,12 @@
             float compensated = g;                                                                   \
             if (!(PLAIN)) {                                                                          \
                 const float c = lambda_t * g * g * (w[i] - w_bak[i]);                                \
-                const float lim = bound * fabsf(g);                                                  \
-                compensated = g + (c > lim ? lim : c < -lim ? -lim : c);                             \
+                if (BOUNDED) {                                                                       \
+                    const float lim = bound * fabsf(g);                                              \
+                    compensated = g + (c > lim ? lim : c < -lim ? -lim : c);                         \
+                } else {                                                                             \
+                    compensated = g + c;                                                             \
+                }                                                                                    \
             }                                                                                        \
             if (!(SGD_STEP)) {                                                                       \
                 grad[i] = compensated;                                                               \
@@ -90,17 +97,23 @@
 
 /* PLAIN: lambda_0 is 0 (ASGD), so the gradient is used as it came and w_bak is
  * only written, never read: one stream of memory less. */
-DEFINE_UPDATE(compensate_constant, 0, 0, 0, 0, 0)
-DEFINE_UPDATE(compensate_adaptive, 0, 1, 0, 0, 0)
-DEFINE_UPDATE(step_plain, 1, 0, 1, 0, 0)
-DEFINE_UPDATE(step_constant, 0, 0, 1, 0, 0)
-DEFINE_UPDATE(step_adaptive, 0, 1, 1, 0, 0)
-DEFINE_UPDATE(momentum_step_plain, 1, 0, 1, 1, 0)
-DEFINE_UPDATE(momentum_step_constant, 0, 0, 1, 1, 0)
-DEFINE_UPDATE(momentum_step_adaptive, 0, 1, 1, 1, 0)
-DEFINE_UPDATE(nesterov_step_plain, 1, 0, 1, 1, 1)
-DEFINE_UPDATE(nesterov_step_constant, 0, 0, 1, 1, 1)
-DEFINE_UPDATE(nesterov_step_adaptive, 0, 1, 1, 1, 1)
+/* Each compensating variant twice: with the clamp (a finite bound) and
+ * without it (_unbounded: bound = +inf, the paper's formula). */
+#define DEFINE_COMPENSATING(NAME, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)                        \
+    DEFINE_UPDATE(NAME, 0, 1, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)                             \
+    DEFINE_UPDATE(NAME##_unbounded, 0, 0, ADAPTIVE, SGD_STEP, WITH_MOMENTUM, NESTEROV)
+
+DEFINE_COMPENSATING(compensate_constant, 0, 0, 0, 0)
+DEFINE_COMPENSATING(compensate_adaptive, 1, 0, 0, 0)
+DEFINE_UPDATE(step_plain, 1, 0, 0, 1, 0, 0)
+DEFINE_COMPENSATING(step_constant, 0, 1, 0, 0)
+DEFINE_COMPENSATING(step_adaptive, 1, 1, 0, 0)
+DEFINE_UPDATE(momentum_step_plain, 1, 0, 0, 1, 1, 0)
+DEFINE_COMPENSATING(momentum_step_constant, 0, 1, 1, 0)
+DEFINE_COMPENSATING(momentum_step_adaptive, 1, 1, 1, 0)
+DEFINE_UPDATE(nesterov_step_plain, 1, 0, 0, 1, 1, 1)
+DEFINE_COMPENSATING(nesterov_step_constant, 0, 1, 1, 1)
+DEFINE_COMPENSATING(nesterov_step_adaptive, 1, 1, 1, 1)
 
 void hvd_dcasgd_f32(PARAMETERS, int nesterov, int sgd_step)
 {
@@ -108,14 +121,19 @@ void hvd_dcasgd_f32(PARAMETERS, int nesterov, int sgd_step)
     void (*variant)(PARAMETERS);
     const int adaptive = mean_square != NULL;
     const int plain = !adaptive && lambda_0 == 0.0f;
+    const int bounded = !(isinf(bound) && bound > 0);
+#define BOUNDED_OR_NOT(NAME) (bounded ? NAME : NAME##_unbounded)
     if (!sgd_step)
-        variant = adaptive ? compensate_adaptive : compensate_constant;
+        variant = adaptive ? BOUNDED_OR_NOT(compensate_adaptive) : BOUNDED_OR_NOT(compensate_constant);
     else if (momentum_buffer == NULL)
-        variant = adaptive ? step_adaptive : plain ? step_plain : step_constant;
+        variant = adaptive ? BOUNDED_OR_NOT(step_adaptive) : plain ? step_plain : BOUNDED_OR_NOT(step_constant);
     else if (!nesterov)
-        variant = adaptive ? momentum_step_adaptive : plain ? momentum_step_plain : momentum_step_constant;
+        variant = adaptive ? BOUNDED_OR_NOT(momentum_step_adaptive)
+                  : plain ? momentum_step_plain : BOUNDED_OR_NOT(momentum_step_constant);
     else
-        variant = adaptive ? nesterov_step_adaptive : plain ? nesterov_step_plain : nesterov_step_constant;
+        variant = adaptive ? BOUNDED_OR_NOT(nesterov_step_adaptive)
+                  : plain ? nesterov_step_plain : BOUNDED_OR_NOT(nesterov_step_constant);
+#undef BOUNDED_OR_NOT
     variant(grad, w, w_bak, mean_square, momentum_buffer, n, lambda_0, keep, blend, eps, bound, lr, weight_decay,
             momentum, carry, undamped, threads);
 }

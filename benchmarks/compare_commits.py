@@ -19,10 +19,14 @@ against a tolerance (``--tolerance``, 0.95 by default):
 
 Every run has the Horovod integration off (``HVD_DCASGD_HOROVOD=0``) and no
 other ``HVD_DCASGD_*`` variable from this environment, so both trees run the
-same job whatever variables either knows.
+same job whatever variables either knows.  ``--new-env NAME=VALUE`` sets a
+variable for this tree's runs only: where a default changed since the earlier
+commit, it runs this tree with the earlier default (``HVD_DCASGD_BOUND=inf``,
+the paper's unbounded formula, which DC-ASGD-a ran before the bound), so that
+the ratio measures the code and not the change of rule.
 
     python benchmarks/compare_commits.py [--base REV] [--rounds 5] [--modes none adaptive]
-        [--workers 4] [--numel 1000000] [--steps 200] [--markdown docs/PERFORMANCE.md]
+        [--workers 4] [--numel 1000000] [--steps 200] [--new-env NAME=VALUE ...] [--markdown docs/PERFORMANCE.md]
 """
 
 from __future__ import annotations
@@ -60,12 +64,12 @@ def default_base() -> str:
     return git("rev-parse", f"{added[-1]}^")
 
 
-def run_once(tree: Path, mode: str, args: argparse.Namespace) -> float:
-    """One mpirun of ``mode`` from ``tree``: the server's updates/s."""
+def run_once(tree: Path, mode: str, args: argparse.Namespace, extra: Optional[Dict[str, str]] = None) -> float:
+    """One mpirun of ``mode`` from ``tree``, with the variables ``extra``: the server's updates/s."""
     with tempfile.TemporaryDirectory() as scratch:
         summary = Path(scratch) / "summary.json"
         env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_DCASGD_")}
-        env.update(PYTHONPATH=str(tree), HVD_DCASGD_HOROVOD="0", HVD_DCASGD_SUMMARY=str(summary))
+        env.update(PYTHONPATH=str(tree), HVD_DCASGD_HOROVOD="0", HVD_DCASGD_SUMMARY=str(summary), **(extra or {}))
         cmd = mpirun(args.workers + 1, str(tree / "benchmarks" / "bench_end_to_end.py"), "--run", mode,
                      "--numel", args.numel, "--steps", args.steps)
         try:
@@ -113,7 +117,7 @@ def compare(base_tree: Path, new_tree: Path, args: argparse.Namespace) -> Dict[s
     for r in range(args.rounds):
         for mode in args.modes:
             for name, tree in (trees if r % 2 == 0 else trees[::-1]):
-                rates[mode][name].append(run_once(tree, mode, args))
+                rates[mode][name].append(run_once(tree, mode, args, args.new_env if name == "new" else None))
         print(f"round {r + 1}: " + "  ".join(
             f"{LABELS[m]} base {rates[m]['base'][-1]:.1f}, new {rates[m]['new'][-1]:.1f} updates/s"
             for m in args.modes), flush=True)
@@ -131,6 +135,17 @@ def report(rates: Dict[str, Dict[str, List[float]]], tolerance: float) -> List[s
     return lines
 
 
+def new_env(parser: argparse.ArgumentParser, items: Sequence[str]) -> Dict[str, str]:
+    """``--new-env``'s NAME=VALUE items as a dict, or the parser's error naming the one that is not."""
+    env = {}
+    for item in items:
+        name, equals, value = item.partition("=")
+        if not equals or not name.startswith("HVD_DCASGD_"):
+            parser.error(f"--new-env {item!r}: give NAME=VALUE with an HVD_DCASGD_ variable's name")
+        env[name] = value
+    return env
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", help="the earlier commit (default: the parent of the oldest commit that added "
@@ -142,8 +157,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--steps", type=int, default=200, help="pushes per worker in each run")
     parser.add_argument("--tolerance", type=float, default=0.95, help="the ratio below which the tree is slower")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for each mpirun")
+    parser.add_argument("--new-env", nargs="+", default=[], metavar="NAME=VALUE",
+                        help="variables for this tree's runs only (an earlier default, say HVD_DCASGD_BOUND=inf)")
     parser.add_argument("--markdown", metavar="PATH", help="also write the result as this script's section of PATH")
     args = parser.parse_args(argv)
+    args.new_env = new_env(parser, args.new_env)
     base = git("rev-parse", "--verify", f"{args.base or default_base()}^{{commit}}")
     head = git("rev-parse", "--short", "HEAD")
     dirty = " with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
@@ -152,7 +170,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         git("worktree", "add", "--detach", str(base_tree), base)
         try:
             setting = (f"{args.workers} workers, {args.numel / 1e6:g}M float32 parameters, {args.steps} pushes per "
-                       f"worker, {args.rounds} rounds, {os.cpu_count()} cores")
+                       f"worker, {args.rounds} rounds, {os.cpu_count()} cores"
+                       + "".join(f", {name}={value} in this tree's runs" for name, value in args.new_env.items()))
             print(f"base {base[:7]} ({base_tree}) against this tree, {head}{dirty} ({ROOT}): {setting}", flush=True)
             rates = compare(base_tree, ROOT, args)
         finally:

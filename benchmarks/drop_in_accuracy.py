@@ -16,7 +16,7 @@ machines' timing), so a single run says little: on digits one epoch's test
 accuracy can move by several points.  Plain Horovod and ``sync`` are seeded
 and repeat exactly.
 
-    python benchmarks/drop_in_accuracy.py [--workers 4] [--rounds 12] [--markdown docs/USAGE.md]
+    python benchmarks/drop_in_accuracy.py [--workers 4] [--rounds 12] [--modes none sync] [--markdown docs/USAGE.md]
 """
 
 from __future__ import annotations
@@ -89,22 +89,25 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=12, help="run every script this many times, interleaved")
     parser.add_argument("--epochs", type=int, default=10, help="the examples' own default")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                        help="the drop-in script's modes to run (default: every one)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for each mpirun")
     parser.add_argument("--markdown", metavar="PATH", help="also write this benchmark's section of PATH "
                         "(docs/USAGE.md)")
     args = parser.parse_args()
+    modes = [mode for mode in MODES if mode in args.modes]
     if importlib.util.find_spec("horovod") is None:
         sys.exit("drop_in_accuracy.py compares with plain Horovod, which is not installed: "
                  "`bash .ci/setup.sh` builds it")
     if args.rounds < 2:
         sys.exit(f"--rounds {args.rounds}: an interval needs at least 2 rounds")
-    plain, ours = [], {mode: [] for mode in MODES}
+    plain, ours = [], {mode: [] for mode in modes}
     for number in range(1, args.rounds + 1):
         plain.append(run_once(args, PLAIN, args.workers))
-        for mode in MODES:
+        for mode in modes:
             ours[mode].append(run_once(args, DROP_IN, args.workers + 1, mode))
         print(f"round {number}: plain Horovod {plain[-1]:.4f}, "
-              + ", ".join(f"{mode} {ours[mode][-1]:.4f}" for mode in MODES), flush=True)
+              + ", ".join(f"{mode} {ours[mode][-1]:.4f}" for mode in modes), flush=True)
     header = ["mode", "mean final accuracy", "minus Horovod's, points: mean [95% interval]", "worst run, points",
               f"within {100 * MARGIN:g} points"]
     table = rows(plain, ours)
@@ -114,9 +117,10 @@ def main() -> None:
     for row in table:
         print("  " + "  ".join(row))
     if args.markdown:
+        ran = "every mode" if modes == list(MODES) else "mode " + ", ".join(f"`{mode}`" for mode in modes)
         summary = (f"{args.workers} workers, {args.epochs} epochs, {args.rounds} rounds; in each round plain "
                    f"Horovod (`{PLAIN.relative_to(ROOT)}`) and the drop-in script "
-                   f"(`{DROP_IN.relative_to(ROOT)}`, one rank more) in every mode, one mpirun each, so the "
+                   f"(`{DROP_IN.relative_to(ROOT)}`, one rank more) in {ran}, one mpirun each, so the "
                    f"differences are paired within a round. Plain Horovod's {reference}.")
         command = docs_section.command("drop_in_accuracy.py", sys.argv[1:])
         docs_section.write(args.markdown, "drop_in_accuracy.py", command,

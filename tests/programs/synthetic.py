@@ -84,8 +84,10 @@ def parse_args(argv=None):
     parser.add_argument("--no-model", action="store_true", help="no model= (buffers via broadcast_parameters)")
     parser.add_argument("--after-shutdown", action="store_true", help="try to step after shutdown")
     parser.add_argument("--out", default=None, help="folder for final weights and a start report")
-    parser.add_argument("--bad", default=None, choices=["shape", "name", "dtype", "mode", "lambda", "compression",
-                                                        "groups", "schedule", "lr_scaling", "nan", "nan-skip",
+    parser.add_argument("--mismatch", action="append", default=[], metavar="WHAT@RANK",
+                        help="this world rank set up unlike the others: shape, name, dtype, mode, lambda, "
+                             "compression, groups, schedule or lr_scaling (repeatable)")
+    parser.add_argument("--bad", default=None, choices=["nan", "nan-skip",
                                                         "fp16-overflow", "nan-lr", "negative-lr", "nan-unchecked",
                                                         "stall", "hang",
                                                         "exit-early", "exit-early-status", "raise-early",
@@ -110,7 +112,12 @@ def main():
             f.write(str(os.getpid()))
     torch.manual_seed(1000 + world_rank)
     odd = world_rank == 2  # the rank a --bad launch makes different
-    model = Model(DIM_B + 1 if args.bad == "shape" and odd else DIM_B)
+    mismatched = {what: int(rank) for what, rank in (m.split("@") for m in args.mismatch)}
+
+    def differs(what):  # this rank is set up unlike the others in ``what`` (--mismatch)
+        return mismatched.get(what) == world_rank
+
+    model = Model(DIM_B + 1 if differs("shape") else DIM_B)
     if args.big:
         model.register_buffer("ballast", torch.zeros(args.big))
     if args.bad in ("exit-early", "exit-early-status", "raise-early") and odd:  # before DistributedOptimizer
@@ -121,26 +128,26 @@ def main():
         raise RuntimeError("the server's data could not be read")
     if args.bad == "atexit-raise":
         atexit.register(lambda: 1 / 0)
-    if args.bad == "dtype" and odd:
+    if differs("dtype"):
         model = model.double()
-    named = [("z" if n == "b" and args.bad == "name" and odd else n, p) for n, p in model.named_parameters()]
+    named = [("z" if n == "b" and differs("name") else n, p) for n, p in model.named_parameters()]
     if hvd.is_server() and args.out:  # the server exits inside DistributedOptimizer
         name = "server.pt" if world_rank == 0 else f"server{world_rank}.pt"  # several servers: each its own
         atexit.register(lambda: torch.save(model.state_dict(), os.path.join(args.out, name)))
     if not hvd.is_server():
         model.to(args.worker_device)
     base = make_optimizer(model, args)
-    if args.bad == "groups" and odd:
+    if differs("groups"):
         base = torch.optim.SGD(model.parameters(), lr=args.lr)
     optimizer = hvd.DistributedOptimizer(
         base,
         named_parameters=named,
-        compression=getattr(hvd.Compression, "fp16" if args.bad == "compression" and odd else args.compression),
+        compression=getattr(hvd.Compression, "fp16" if differs("compression") else args.compression),
         backward_passes_per_step=2 if args.accumulate else 1,
-        compensation="constant" if args.bad == "mode" and world_rank == 1 else args.compensation,
-        lambda_0=0.5 if args.bad == "lambda" and odd else None,
-        schedule="sync" if args.bad == "schedule" and odd else None,
-        lr_scaling="horovod" if args.bad == "lr_scaling" and odd else args.lr_scaling,
+        compensation="constant" if differs("mode") else args.compensation,
+        lambda_0=0.5 if differs("lambda") else None,
+        schedule="sync" if differs("schedule") else None,
+        lr_scaling="horovod" if differs("lr_scaling") else args.lr_scaling,
         model=None if args.no_model else model,
         check_finite=args.bad != "nan-unchecked",
     )

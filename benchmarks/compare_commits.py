@@ -47,6 +47,8 @@ from jobs import ROOT, mpirun
 
 LABELS = {"none": "ASGD", "constant": "DC-ASGD-c", "adaptive": "DC-ASGD-a", "sync": "SSGD"}
 NO_SLOWDOWN, SLOWER, UNDECIDED = "no slowdown", "slower", "not decided by this run"
+#: The variables every run gets from this script (``--new-env`` cannot change them).
+OWN_VARIABLES = ("HVD_DCASGD_HOROVOD", "HVD_DCASGD_SUMMARY")
 
 
 def git(*args: str, cwd: Path = ROOT) -> str:
@@ -142,6 +144,8 @@ def new_env(parser: argparse.ArgumentParser, items: Sequence[str]) -> Dict[str, 
         name, equals, value = item.partition("=")
         if not equals or not name.startswith("HVD_DCASGD_"):
             parser.error(f"--new-env {item!r}: give NAME=VALUE with an HVD_DCASGD_ variable's name")
+        if name in OWN_VARIABLES:
+            parser.error(f"--new-env {item!r}: {name} is set by this script in both trees' runs")
         env[name] = value
     return env
 
@@ -157,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--steps", type=int, default=200, help="pushes per worker in each run")
     parser.add_argument("--tolerance", type=float, default=0.95, help="the ratio below which the tree is slower")
     parser.add_argument("--timeout", type=float, default=600, help="seconds for each mpirun")
-    parser.add_argument("--new-env", nargs="+", default=[], metavar="NAME=VALUE",
+    parser.add_argument("--new-env", nargs="+", action="extend", default=[], metavar="NAME=VALUE",
                         help="variables for this tree's runs only (an earlier default, say HVD_DCASGD_BOUND=inf)")
     parser.add_argument("--markdown", metavar="PATH", help="also write the result as this script's section of PATH")
     args = parser.parse_args(argv)

@@ -117,7 +117,8 @@ def main() -> None:
     for row in table:
         print("  " + "  ".join(row))
     if args.markdown:
-        ran = "every mode" if modes == list(MODES) else "mode " + ", ".join(f"`{mode}`" for mode in modes)
+        ran = ("every mode" if modes == list(MODES) else ("mode " if len(modes) == 1 else "the modes ")
+               + ", ".join(f"`{mode}`" for mode in modes))
         summary = (f"{args.workers} workers, {args.epochs} epochs, {args.rounds} rounds; in each round plain "
                    f"Horovod (`{PLAIN.relative_to(ROOT)}`) and the drop-in script "
                    f"(`{DROP_IN.relative_to(ROOT)}`, one rank more) in {ran}, one mpirun each, so the "

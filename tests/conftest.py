@@ -20,20 +20,25 @@ os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
 
 
-def pytest_report_header(config):
-    """Say so when munged is gone but its socket is left (a machine where
-    munged was killed): Open MPI's PMIx then retries the socket for about
-    2.3 s at the start of every mpirun (measured: 0.07 s for ``mpirun -np 1
-    true`` without it, 2.32 s with it), which slows every job of the suite."""
+def pytest_sessionstart(session):
+    """Say so, first thing and also under ``-q``, when munged is gone but its
+    socket is left (a machine where munged was killed): Open MPI's PMIx then
+    retries the socket for about 2.3 s at the start of every mpirun
+    (measured: 0.07 s for ``mpirun -np 1 true`` without it, 2.32 s with it),
+    which slows every job of the suite."""
     if not MUNGE_SOCKET.exists():
-        return None
+        return
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:
             probe.connect(str(MUNGE_SOCKET))
+            return
         except OSError:
-            return (f"{MUNGE_SOCKET} is left but munged does not answer: every mpirun waits about 2.3 s for it; "
-                    f"start munged (bash slurm/local_cluster.sh munge) or remove the socket")
-    return None
+            pass
+    sentence = (f"{MUNGE_SOCKET} is left but munged does not answer: every mpirun waits about 2.3 s for it; "
+                f"start munged (bash slurm/local_cluster.sh munge) or remove the socket")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(sentence, yellow=True)
 
 
 #: Where a run of the whole suite leaves each test's time (``benchmarks/suite_durations.py`` writes

@@ -191,9 +191,27 @@ def test_compare_commits_sets_only_the_packages_variables_for_this_tree():
     parser = argparse.ArgumentParser(prog="compare_commits.py")
     assert compare_commits.new_env(parser, ["HVD_DCASGD_BOUND=inf", "HVD_DCASGD_LAMBDA=2"]) == {
         "HVD_DCASGD_BOUND": "inf", "HVD_DCASGD_LAMBDA": "2"}
-    for item in ("HVD_DCASGD_BOUND", "PATH=/bin"):
+    for item in ("HVD_DCASGD_BOUND", "PATH=/bin", "HVD_DCASGD_SUMMARY=/tmp/x"):
         with pytest.raises(SystemExit):
             compare_commits.new_env(parser, [item])
+
+
+def test_compare_commits_gives_the_variables_to_this_trees_runs_only(monkeypatch):
+    """Each round runs both trees, in alternating order; only this tree's runs get ``--new-env``'s variables."""
+    sys.path.insert(0, str(BENCH))
+    import compare_commits
+
+    runs = []
+
+    def run_once(tree, mode, args, extra=None):  # records what compare() asks for instead of starting a job
+        runs.append((tree, mode, extra))
+        return 100.0
+
+    monkeypatch.setattr(compare_commits, "run_once", run_once)
+    args = argparse.Namespace(rounds=2, modes=["adaptive"], new_env={"HVD_DCASGD_BOUND": "inf"})
+    compare_commits.compare("base-tree", "new-tree", args)
+    assert runs == [("base-tree", "adaptive", None), ("new-tree", "adaptive", {"HVD_DCASGD_BOUND": "inf"}),
+                    ("new-tree", "adaptive", {"HVD_DCASGD_BOUND": "inf"}), ("base-tree", "adaptive", None)]
 
 
 def test_end_to_end_ratios_are_paired_within_rounds():
@@ -267,7 +285,7 @@ def test_drop_in_accuracy_benchmark_runs_and_writes_its_section(tmp_path):
     assert len(re.findall(r"^round \d: plain Horovod 0\.\d+, adaptive 0\.\d+, sync 0\.\d+$", result.stdout,
                           re.MULTILINE)) == 2, result.stdout
     section = _section(page, "drop_in_accuracy.py", argv)
-    assert "in mode `adaptive`, `sync`, one mpirun each" in section, section
+    assert "in the modes `adaptive`, `sync`, one mpirun each" in section, section
     rows = _table(section)
     assert [row[0].split()[0] for row in rows] == ["`adaptive`", "`sync`"], rows
     assert rows[-1][2:] == ["+0.00 [+0.00, +0.00]", "+0.00", "met"], rows  # sync is plain Horovod's algorithm

@@ -176,12 +176,14 @@ def test_the_divergence_advice_names_the_constants_the_rule_uses():
 @pytest.mark.parametrize("step", ["compensate", "sgd", "momentum", "nesterov"])
 def test_the_kernel_without_the_clamp_is_the_bounded_one_that_never_clamps(adaptive, step):
     """bound = inf runs the C kernel's variants without the clamp's arithmetic: bit for bit what the clamped
-    variants give at a finite bound too large to clamp anything (float32's largest), for every variant."""
+    variants give at a finite bound too large to clamp anything (float32's largest), for every variant, zero
+    gradients included (where bound * |g| is NaN at inf); a bound that clamps (0.5) gives another result."""
     if native.library() is None:
         pytest.fail("the C kernel must build here (cc and OpenMP are installed)")
     g, w, w_bak, ms = case(n=200_003, seed=4)  # past the kernel's threading threshold
+    g[::97] = 0.0
     results = []
-    for bound in (math.inf, float(np.finfo(F32).max)):
+    for bound in (math.inf, float(np.finfo(F32).max), 0.5):
         tensors = [t.clone() for t in (g, w, w_bak, ms)] + [torch.full_like(g, 0.25)]
         grad, weight, backup, mean_square, buffer = tensors
         assert native.dcasgd_f32(grad, weight, backup, mean_square if adaptive else None, 0.5, MOMENTUM, EPS,
@@ -189,5 +191,8 @@ def test_the_kernel_without_the_clamp_is_the_bounded_one_that_never_clamps(adapt
                                  momentum=0.0 if step in ("compensate", "sgd") else 0.9, nesterov=step == "nesterov",
                                  momentum_buffer=buffer if step in ("momentum", "nesterov") else None, bound=bound)
         results.append(tensors)
-    for unclamped, clamped in zip(*results):
+    unbounded, never_clamps, clamps = results
+    for unclamped, clamped in zip(unbounded, never_clamps):
         assert torch.equal(unclamped, clamped)
+    changed = 0 if step == "compensate" else 1  # the gradient, or the weights
+    assert not torch.equal(clamps[changed], unbounded[changed]), "the bound of 0.5 clamped nothing"

@@ -491,3 +491,53 @@ def test_a_message_of_another_type_between_servers_is_an_internal_error_naming_t
     receiver = Cuts(servers.mpi, servers.at(dest))
     with pytest.raises(HvdDcasgdError, match=re.escape(f"hvd_dcasgd: internal error: {sentence}")):
         receiver.stop_wanted() if dest == 0 else receiver.ordered()
+
+
+def test_every_rank_is_training_before_any_rank_leaves_the_start():
+    """``transitions.start`` on a real single-rank communicator, with a side that records its calls: the side's
+    lifecycle moves to training, then a barrier, before the start's last exchange (the broadcast of the weights).
+    So once any rank has started, every rank takes a stop signal gracefully: a server signalled between its start
+    and its serving loop once ended as before the session (status 143, no checkpoint)."""
+    from hvd_dcasgd.runtime.mpi import load_mpi
+    from hvd_dcasgd.serving.messages import Resumed
+    from hvd_dcasgd.serving.transitions import start
+
+    calls = []
+
+    class Recorded:  # the communicator itself, with its collectives recorded
+        def __init__(self, comm):
+            self.comm = comm
+
+        def __getattr__(self, name):
+            attribute = getattr(self.comm, name)
+            if name not in ("Barrier", "bcast", "Bcast", "Ibcast"):
+                return attribute
+            return lambda *args, **kwargs: calls.append(name) or attribute(*args, **kwargs)
+
+    class Side:
+        def find_checkpoint(self):
+            calls.append("find_checkpoint")
+
+        def open_windows(self, shard, comm):
+            calls.append("open_windows")
+
+        def resume(self):
+            calls.append("resume")
+            return Resumed()
+
+        def training(self):
+            calls.append("training")
+
+        def start_tensors(self, shard):
+            calls.append("start_tensors")
+            return [torch.arange(3.0)]
+
+    comm = load_mpi().COMM_SELF.Dup()
+    try:
+        assert start([Recorded(comm)], Side()) == Resumed()
+    finally:
+        comm.Free()
+    assert "training" in calls, calls
+    after = calls[calls.index("training"):]
+    assert after[1] == "Barrier" and "resume" not in after and "find_checkpoint" not in after, calls
+    assert any(c in ("bcast", "Bcast", "Ibcast") for c in after[2:]), calls  # the last exchange, after the barrier

@@ -99,6 +99,9 @@ class _ServerOpening:
         return Resumed(server.updates, str(path),
                        tuple(a + r for a, r in zip(server.telemetry.pushes, server.telemetry.refused)))
 
+    def training(self) -> None:
+        self.rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
+
     def start_tensors(self, shard: int) -> List[torch.Tensor]:
         return [self.server.weights, *self.untrained_state.values()]
 
@@ -136,7 +139,6 @@ def run_server(
     start([comm], opening)
     session = ServerSession(rt, comm, opening.server, [name for name, _ in described], coordination, params,
                             metrics_dir)
-    rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
     session.serve()
     session.finish()
     sys.exit(session.exit_status)
@@ -166,6 +168,9 @@ class _WorkerOpening:
     def resume(self) -> Resumed:
         """Never called: the server resumes."""
         raise AssertionError("only the server resumes")
+
+    def training(self) -> None:
+        self.rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
 
     def start_tensors(self, shard: int) -> List[torch.Tensor]:
         start, end = self.slices[shard]
@@ -206,5 +211,4 @@ def start_worker(
     worker.load_weights()
     session = WorkerSession(rt, worker, untrained_state, comms, split, pushes_before)
     rt.session = session
-    rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
     return session

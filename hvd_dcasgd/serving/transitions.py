@@ -76,6 +76,9 @@ class Opening(Protocol):
     def resume(self) -> Resumed:
         """Server: load the checkpoint found, if any; what every worker needs to know."""
 
+    def training(self) -> None:
+        """This rank's lifecycle moves to training: from now on a stop signal stops the session gracefully."""
+
     def start_tensors(self, shard: int) -> List[torch.Tensor]:
         """What server ``shard`` broadcasts at the start: its weights, the rest of the model's state."""
 
@@ -88,12 +91,23 @@ def start(comms: Sequence[Any], side: Opening) -> Resumed:
     worker held by another server.  The same collectives in the same order
     on both sides: the server finds its checkpoint, everyone opens the
     windows, the server resumes and says where (:class:`.messages.Resumed`),
-    then broadcasts its weights and buffers."""
+    everyone starts training, then the server broadcasts its weights and
+    buffers.
+
+    Every rank's lifecycle is training before any rank leaves the start: each
+    moves, then waits in a barrier with every server in turn.  So a stop
+    signal that reaches the job once any rank has started (the server between
+    this start and its serving loop, say) stops the session on every rank
+    with a checkpoint; one that comes earlier does what it did before on
+    every rank, before anything was trained."""
     for comm in comms:
         _from_server(comm, side.find_checkpoint)
     for shard, comm in enumerate(comms):
         side.open_windows(shard, comm)
     resumed = [_from_server(comm, side.resume) for comm in comms][0]
+    side.training()
+    for comm in comms:
+        comm.Barrier()
     for shard, comm in enumerate(comms):
         broadcast_(comm, side.start_tensors(shard), root=0)
     return resumed

@@ -340,3 +340,51 @@ def test_the_slowest_tests_table_ranks_by_time_and_says_the_total():
     assert body[0] == ("The whole suite: 4 tests, 4.0 minutes from start to end (exit status 1), 2 test processes "
                        "side by side; the tests' own times add up to 10.0 minutes. The 2 slowest tests take 8.3 "
                        "minutes of them:"), body
+
+
+def test_sync_pace_gives_each_configuration_its_fraction_of_the_padding_bound(page, monkeypatch):
+    """Horovod's configurations each add one setting to the one before (so each row says what its setting
+    bought); Horovod runs under horovodrun with as many slots as workers, ``sync`` under mpirun with a server
+    more; the table gives each configuration's mean images/s per worker over the bound (batch / step time)."""
+    sys.path.insert(0, str(BENCH))
+    import bench_sync_pace
+
+    for (_, before), (_, after) in zip(bench_sync_pace.HOROVOD, bench_sync_pace.HOROVOD[1:]):
+        assert before.items() < after.items() and len(after) == len(before) + 1, (before, after)
+    args = argparse.Namespace(task="fashion", step_time=0.1, seconds=3.0, cache="data", timeout=60, rounds=1,
+                              workers=[2, 3], markdown=str(page[0]))
+    horovod = bench_sync_pace.command("horovod", 3, args, "out.json")
+    assert horovod[1:5] == ["-np", "3", "-H", "localhost:3"] and "--plain-horovod" in horovod, horovod
+    sync = bench_sync_pace.command("sync", 3, args, "out.json")
+    assert sync[sync.index("-np") + 1] == "4" and sync[sync.index("--compensation") + 1] == "sync", sync
+
+    rates = {("horovod", 2): [100.0, 110.0], ("sync", 2): [300.0, 300.0],
+             ("horovod", 3): [80.0, 80.0, 83.0], ("sync", 3): [288.0, 288.0, 288.0]}
+    monkeypatch.setattr(bench_sync_pace, "run_once",  # each worker's (samples, seconds): 10 s of training
+                        lambda kind, variables, workers, _: [(10 * rate, 10.0) for rate in rates[kind, workers]])
+    monkeypatch.setattr(sys, "argv", ["bench_sync_pace.py", "--workers", "2", "3", "--markdown", str(page[0])])
+    bench_sync_pace.launch(args)
+    rows = _table(_section(page, "bench_sync_pace.py", ["--workers", 2, 3, "--markdown", page[0]]))
+    assert len(rows) == 2 * len(bench_sync_pace.cases()), rows
+    by_case = {(row[0], row[1]): row[3:] for row in rows}
+    assert by_case["2", "Horovod, as launched"] == ["105.0", "0.33"], rows  # bound: 32 images / 0.1 s = 320
+    assert by_case["3", "`sync`, as launched"] == ["288.0", "0.90"], rows
+    assert by_case["3", "+ Open MPI's yield when idle"][0] == "81.0", rows
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+@pytest.mark.usefixtures("horovod_required")
+def test_the_time_studys_script_stops_every_synchronous_worker_at_the_same_step():
+    """Plain Horovod under horovodrun and this project's ``sync``, two workers each, the study's real script: the
+    workers agree to stop once a second, so each trains the same number of samples, and no worker outruns the
+    padding (at most batch / step time images/s)."""
+    sys.path.insert(0, str(BENCH))
+    import bench_sync_pace
+
+    args = argparse.Namespace(task="fashion", step_time=0.1, seconds=2.0, timeout=300,
+                              cache=str(ROOT / "build" / "evidence" / "data"))
+    for kind in ("horovod", "sync"):
+        workers = bench_sync_pace.run_once(kind, {}, 2, args)
+        assert len(workers) == 2 and workers[0][0] == workers[1][0] > 0, (kind, workers)
+        assert all(samples / seconds <= 32 / 0.1 for samples, seconds in workers), (kind, workers)

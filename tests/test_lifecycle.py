@@ -494,15 +494,21 @@ def test_a_message_of_another_type_between_servers_is_an_internal_error_naming_t
 
 
 def test_every_rank_is_training_before_any_rank_leaves_the_start():
-    """``transitions.start`` on a real single-rank communicator, with a side that records its calls: the side's
-    lifecycle moves to training, then a barrier, before the start's last exchange (the broadcast of the weights).
-    So once any rank has started, every rank takes a stop signal gracefully: a server signalled between its start
-    and its serving loop once ended as before the session (status 143, no checkpoint)."""
+    """``transitions.start`` on a real single-rank communicator, with a side that records its calls and a real
+    lifecycle: the lifecycle is still starting while the side opens and resumes, and is training (stops on a
+    signal, with its grace) when the barrier is entered, before the start's last exchange (the broadcast of the
+    weights).  So once any rank has started, every rank takes a stop signal gracefully: a server signalled between
+    its start and its serving loop once ended as before the session (status 143, no checkpoint)."""
+    from hvd_dcasgd.runtime.lifecycle import Lifecycle, Phase
     from hvd_dcasgd.runtime.mpi import load_mpi
     from hvd_dcasgd.serving.messages import Resumed
     from hvd_dcasgd.serving.transitions import start
 
     calls = []
+    lifecycle = Lifecycle()
+
+    def record(name):
+        calls.append((name, lifecycle.phase, lifecycle.stops_on_signal))
 
     class Recorded:  # the communicator itself, with its collectives recorded
         def __init__(self, comm):
@@ -512,32 +518,31 @@ def test_every_rank_is_training_before_any_rank_leaves_the_start():
             attribute = getattr(self.comm, name)
             if name not in ("Barrier", "bcast", "Bcast", "Ibcast"):
                 return attribute
-            return lambda *args, **kwargs: calls.append(name) or attribute(*args, **kwargs)
+            return lambda *args, **kwargs: record(name) or attribute(*args, **kwargs)
 
     class Side:
         def find_checkpoint(self):
-            calls.append("find_checkpoint")
+            record("find_checkpoint")
 
         def open_windows(self, shard, comm):
-            calls.append("open_windows")
+            record("open_windows")
 
         def resume(self):
-            calls.append("resume")
+            record("resume")
             return Resumed()
 
-        def training(self):
-            calls.append("training")
-
         def start_tensors(self, shard):
-            calls.append("start_tensors")
+            record("start_tensors")
             return [torch.arange(3.0)]
 
     comm = load_mpi().COMM_SELF.Dup()
     try:
-        assert start([Recorded(comm)], Side()) == Resumed()
+        assert start([Recorded(comm)], Side(), lifecycle) == Resumed()
     finally:
         comm.Free()
-    assert "training" in calls, calls
-    after = calls[calls.index("training"):]
-    assert after[1] == "Barrier" and "resume" not in after and "find_checkpoint" not in after, calls
-    assert any(c in ("bcast", "Bcast", "Ibcast") for c in after[2:]), calls  # the last exchange, after the barrier
+    names = [name for name, _, _ in calls]
+    barrier = names.index("Barrier")
+    assert all(phase is Phase.STARTING for _, phase, _ in calls[:barrier]), calls
+    assert {"find_checkpoint", "open_windows", "resume"} <= set(names[:barrier]), calls
+    assert all(phase is Phase.TRAINING and stops for _, phase, stops in calls[barrier:]), calls
+    assert any(c in ("bcast", "Bcast", "Ibcast") for c in names[barrier + 1:]), calls  # the last exchange

@@ -10,8 +10,15 @@ server, the others the workers) -- the same script, only the import changed.
 Every step is padded to ``--step-time`` seconds (a sleep after the
 computation: M+1 processes on a few cores then measure the protocol, not
 their contention for the cores); ``--straggler F`` makes the last worker's
-steps take F times as long.  Training lasts ``--seconds`` of wall-clock time,
-the rate's schedule following the time.  Every ``--evaluate-every`` seconds
+steps take F times as long.  The rate's schedule follows the epochs each
+worker has taken of its shard (its samples times M over the training set),
+so that a method that trains faster reaches the rate's drops sooner.
+Training lasts ``--seconds`` of wall-clock time: a synchronous method's
+workers (Horovod, ``sync``), which must stop at the same step, agree on it
+once every ``--agree-every`` seconds of padded steps, in one small allreduce
+(a blocking collective at every step would cost each step a round of the
+coordination the method already does once); an asynchronous worker stops on
+its own clock.  Every ``--evaluate-every`` seconds
 worker 0 copies the weights it holds (a copy, not an evaluation: the clock
 does not stop); after training it evaluates every copy on the test set and
 writes the curve (seconds, test error), the final error and every worker's
@@ -48,6 +55,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--step-time", type=float, required=True, help="pad every step to this many seconds")
     parser.add_argument("--seconds", type=float, required=True, help="train this long")
+    parser.add_argument("--agree-every", type=float, default=1.0,
+                        help="seconds of padded steps between the synchronous workers' agreements to stop")
     parser.add_argument("--straggler", type=float, default=1.0, help="the last worker's factor of the step time")
     parser.add_argument("--evaluate-every", type=float, default=0.5, help="seconds between worker 0's copies")
     parser.add_argument("--cache", default="build/evidence/data", help="where the data sets are kept")
@@ -83,20 +92,23 @@ def main() -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     step_time = args.step_time * (args.straggler if hvd.rank() == hvd.size() - 1 else 1.0)
+    agree_every = max(1, round(args.agree_every / args.step_time))  # steps between the lockstep agreements
     batches = worker_batches(len(y), hvd.rank(), hvd.size(), task.batch_size, 1 << 20, args.seed)
     copies, samples = [], 0
     started = time.perf_counter()
-    for _, batch in batches:
+    for step, (_, batch) in enumerate(batches):
         elapsed = time.perf_counter() - started
         over = elapsed >= args.seconds
-        if lockstep:  # they agree when to stop
-            over = bool(hvd.allreduce(torch.tensor(float(over)), op=hvd.Max).item())
+        if lockstep and step % agree_every == 0:  # they stop at the same step: the first agreement past the time
+            over = bool(hvd.allreduce(torch.tensor(float(over)), op=hvd.Max, name="over").item())
+        elif lockstep:
+            over = False
         if over:
             break
         if hvd.rank() == 0 and elapsed >= len(copies) * args.evaluate_every:
             copies.append((elapsed, [p.detach().clone() for p in model.parameters()]))
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(elapsed / args.seconds * epochs)
+            group["lr"] = lr_at(samples * hvd.size() / len(y))
         computing = time.perf_counter()
         optimizer.zero_grad()
         F.cross_entropy(model(x[batch]), y[batch]).backward()

@@ -28,7 +28,6 @@ from ..common.log import get_logger
 from ..protocol.layout import ModelLayout, trained_parameters, untrained_state
 from ..protocol.worker import Worker
 from ..runtime.mpi import transport
-from ..runtime.preemption import stop_grace_seconds
 from ..runtime.roles import Runtime
 from .agreement import agree
 from .checkpoints import estimate_bytes
@@ -99,9 +98,6 @@ class _ServerOpening:
         return Resumed(server.updates, str(path),
                        tuple(a + r for a, r in zip(server.telemetry.pushes, server.telemetry.refused)))
 
-    def training(self) -> None:
-        self.rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
-
     def start_tensors(self, shard: int) -> List[torch.Tensor]:
         return [self.server.weights, *self.untrained_state.values()]
 
@@ -136,7 +132,7 @@ def run_server(
                                                           slices[rt.shard])
     opening = _ServerOpening(rt, coordination, served_optimizer, served_layout, compensation, wire_dtype, device,
                              untrained_state, described, trace_path, checkpoint_dir, slices[rt.shard], lr_scaling)
-    start([comm], opening)
+    start([comm], opening, rt.lifecycle)
     session = ServerSession(rt, comm, opening.server, [name for name, _ in described], coordination, params,
                             metrics_dir)
     session.serve()
@@ -169,9 +165,6 @@ class _WorkerOpening:
         """Never called: the server resumes."""
         raise AssertionError("only the server resumes")
 
-    def training(self) -> None:
-        self.rt.lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
-
     def start_tensors(self, shard: int) -> List[torch.Tensor]:
         start, end = self.slices[shard]
         return [self.worker.weights[start:end], *self.untrained_state.values()]
@@ -202,7 +195,7 @@ def start_worker(
     opening = _WorkerOpening(rt, served, wire_dtype,
                              lambda channels: Worker(optimizer, layout, channels, wire_dtype, check_finite, slices),
                              untrained_state, slices, split)
-    resumed = start(comms, opening)
+    resumed = start(comms, opening, rt.lifecycle)
     worker = opening.worker
     pushes_before = 0
     if resumed.update is not None:

@@ -24,6 +24,8 @@ from ..common.errors import HvdDcasgdError
 from ..common.tags import SURVIVORS
 from ..common.tensors import broadcast_
 from ..runtime.exits import WORKER_DROPPED, abort
+from ..runtime.lifecycle import Lifecycle
+from ..runtime.preemption import stop_grace_seconds
 from ..runtime.roles import SERVER, Runtime
 from .messages import Resumed
 
@@ -76,14 +78,11 @@ class Opening(Protocol):
     def resume(self) -> Resumed:
         """Server: load the checkpoint found, if any; what every worker needs to know."""
 
-    def training(self) -> None:
-        """This rank's lifecycle moves to training: from now on a stop signal stops the session gracefully."""
-
     def start_tensors(self, shard: int) -> List[torch.Tensor]:
         """What server ``shard`` broadcasts at the start: its weights, the rest of the model's state."""
 
 
-def start(comms: Sequence[Any], side: Opening) -> Resumed:
+def start(comms: Sequence[Any], side: Opening, lifecycle: Lifecycle) -> Resumed:
     """The start of a session, run by every rank: the server (a list of its
     one session) and the worker (one session per server), each step with
     every server in turn, so that the servers' own exchanges between two
@@ -99,13 +98,16 @@ def start(comms: Sequence[Any], side: Opening) -> Resumed:
     signal that reaches the job once any rank has started (the server between
     this start and its serving loop, say) stops the session on every rank
     with a checkpoint; one that comes earlier does what it did before on
-    every rank, before anything was trained."""
+    every rank, before anything was trained.  ``lifecycle`` is this rank's
+    (:class:`.lifecycle.Lifecycle`): from its move to training on, a stop
+    signal stops the session gracefully, and one that comes
+    ``HVD_DCASGD_STOP_GRACE`` seconds after the first ends the rank at once."""
     for comm in comms:
         _from_server(comm, side.find_checkpoint)
     for shard, comm in enumerate(comms):
         side.open_windows(shard, comm)
     resumed = [_from_server(comm, side.resume) for comm in comms][0]
-    side.training()
+    lifecycle.start_training(stops_on_signal=True, grace=stop_grace_seconds())
     for comm in comms:
         comm.Barrier()
     for shard, comm in enumerate(comms):

@@ -377,8 +377,8 @@ def test_sync_pace_gives_each_configuration_its_fraction_of_the_padding_bound(pa
 @pytest.mark.usefixtures("horovod_required")
 def test_the_time_studys_script_stops_every_synchronous_worker_at_the_same_step():
     """Plain Horovod under horovodrun and this project's ``sync``, two workers each, the study's real script: the
-    workers agree to stop once a second, so each trains the same number of samples, and no worker outruns the
-    padding (at most batch / step time images/s)."""
+    workers agree to stop only once a second (every 10 steps of 0.1 s), so each trains the same number of steps,
+    a multiple of 10 (2 s is far less than an epoch's 187 full batches of 32)."""
     sys.path.insert(0, str(BENCH))
     import bench_sync_pace
 
@@ -387,4 +387,21 @@ def test_the_time_studys_script_stops_every_synchronous_worker_at_the_same_step(
     for kind in ("horovod", "sync"):
         workers = bench_sync_pace.run_once(kind, {}, 2, args)
         assert len(workers) == 2 and workers[0][0] == workers[1][0] > 0, (kind, workers)
-        assert all(samples / seconds <= 32 / 0.1 for samples, seconds in workers), (kind, workers)
+        assert workers[0][0] % (32 * 10) == 0, (kind, workers)
+
+
+def test_sync_pace_runs_get_only_their_own_settings(monkeypatch):
+    """A case's run has the settings of that case alone: the ones any case varies, and the package's and
+    Horovod's own variables, are taken from the environment; other Open MPI settings (a host's) stay."""
+    sys.path.insert(0, str(BENCH))
+    import bench_sync_pace
+
+    monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "1")
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "20")
+    monkeypatch.setenv("HVD_DCASGD_BOUND", "inf")
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_if_include", "lo")
+    plain = bench_sync_pace.environment({})
+    assert not {"OMPI_MCA_mpi_yield_when_idle", "HOROVOD_CYCLE_TIME", "HVD_DCASGD_BOUND"} & set(plain), plain
+    assert plain["OMPI_MCA_btl_tcp_if_include"] == "lo"
+    recipe = bench_sync_pace.environment(bench_sync_pace.HOROVOD[2][1])
+    assert recipe["OMPI_MCA_mpi_yield_when_idle"] == "1" and recipe["HOROVOD_CYCLE_TIME"] == "5", recipe

@@ -501,6 +501,7 @@ def test_every_rank_is_training_before_any_rank_leaves_the_start():
     its start and its serving loop once ended as before the session (status 143, no checkpoint)."""
     from hvd_dcasgd.runtime.lifecycle import Lifecycle, Phase
     from hvd_dcasgd.runtime.mpi import load_mpi
+    from hvd_dcasgd.runtime.preemption import stop_grace_seconds
     from hvd_dcasgd.serving.messages import Resumed
     from hvd_dcasgd.serving.transitions import start
 
@@ -535,12 +536,14 @@ def test_every_rank_is_training_before_any_rank_leaves_the_start():
             record("start_tensors")
             return [torch.arange(3.0)]
 
-    comm = load_mpi().COMM_SELF.Dup()
+    comms = [load_mpi().COMM_SELF.Dup() for _ in range(2)]  # a worker of two servers: a barrier with each
     try:
-        assert start([Recorded(comm)], Side(), lifecycle) == Resumed()
+        assert start([Recorded(comm) for comm in comms], Side(), lifecycle) == Resumed()
     finally:
-        comm.Free()
+        for comm in comms:
+            comm.Free()
     names = [name for name, _, _ in calls]
+    assert names.count("Barrier") == 2 and lifecycle.grace == stop_grace_seconds(), calls
     barrier = names.index("Barrier")
     assert all(phase is Phase.STARTING for _, phase, _ in calls[:barrier]), calls
     assert {"find_checkpoint", "open_windows", "resume"} <= set(names[:barrier]), calls

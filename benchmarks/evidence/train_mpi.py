@@ -15,10 +15,11 @@ worker has taken of its shard (its samples times M over the training set),
 so that a method that trains faster reaches the rate's drops sooner.
 Training lasts ``--seconds`` of wall-clock time: a synchronous method's
 workers (Horovod, ``sync``), which must stop at the same step, agree on it
-once every ``--agree-every`` seconds of padded steps, in one small allreduce
-(a blocking collective at every step would cost each step a round of the
-coordination the method already does once); an asynchronous worker stops on
-its own clock.  Every ``--evaluate-every`` seconds
+once every ``--agree-every`` seconds' worth of padded steps (of the
+unslowed step time), in one small allreduce (a blocking collective at every
+step would cost each step a round of the coordination the method already
+does once), so they may train up to that many steps past ``--seconds``; an
+asynchronous worker stops on its own clock.  Every ``--evaluate-every`` seconds
 worker 0 copies the weights it holds (a copy, not an evaluation: the clock
 does not stop); after training it evaluates every copy on the test set and
 writes the curve (seconds, test error), the final error and every worker's
@@ -92,7 +93,7 @@ def main() -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     step_time = args.step_time * (args.straggler if hvd.rank() == hvd.size() - 1 else 1.0)
-    agree_every = max(1, round(args.agree_every / args.step_time))  # steps between the lockstep agreements
+    agree_every = max(1, round(args.agree_every / args.step_time)) if args.step_time > 0 else 1  # steps between agreements
     batches = worker_batches(len(y), hvd.rank(), hvd.size(), task.batch_size, 1 << 20, args.seed)
     copies, samples = [], 0
     started = time.perf_counter()

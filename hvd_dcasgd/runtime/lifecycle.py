@@ -99,7 +99,7 @@ class Lifecycle:
         self.phase = phase
 
     def start_training(self, stops_on_signal: bool, grace: Optional[float] = None) -> None:
-        """The session has started on every rank.  With ``stops_on_signal`` a
+        """This rank has done its part of the start.  With ``stops_on_signal`` a
         signal stops it gracefully; one that comes ``grace`` seconds or more
         after the first ends the rank at once (``None``: never)."""
         self.stops_on_signal, self.grace = stops_on_signal, grace

@@ -99,7 +99,7 @@ def start(comms: Sequence[Any], side: Opening, lifecycle: Lifecycle) -> Resumed:
     this start and its serving loop, say) stops the session on every rank
     with a checkpoint; one that comes earlier does what it did before on
     every rank, before anything was trained.  ``lifecycle`` is this rank's
-    (:class:`.lifecycle.Lifecycle`): from its move to training on, a stop
+    (:class:`hvd_dcasgd.runtime.lifecycle.Lifecycle`): from its move to training on, a stop
     signal stops the session gracefully, and one that comes
     ``HVD_DCASGD_STOP_GRACE`` seconds after the first ends the rank at once."""
     for comm in comms:

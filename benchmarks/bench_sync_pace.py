@@ -10,8 +10,8 @@ straggler, for each number of workers M, under each launch configuration:
 
 * plain Horovod under ``horovodrun -np M -H localhost:M`` (its own script,
   ``import horovod.torch``), as launched by default and with the settings of
-  a recipe (``--recipe``): each adds one setting to the one before, so that
-  each row says what that setting bought;
+  a recipe (``HOROVOD`` below): each adds one setting to the one before, so
+  that each row says what that setting bought;
 * this project's ``sync`` under ``mpirun --oversubscribe -np M+1`` (rank 0
   the server) with Open MPI's default components (``jobs.mpirun``, as the
   tests start their jobs; ``hvd-dcasgd-run`` also oversubscribes where the

@@ -93,17 +93,17 @@ def main() -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     step_time = args.step_time * (args.straggler if hvd.rank() == hvd.size() - 1 else 1.0)
-    agree_every = max(1, round(args.agree_every / args.step_time)) if args.step_time > 0 else 1  # steps between agreements
+    # steps between the synchronous workers' agreements to stop
+    agree_every = max(1, round(args.agree_every / args.step_time)) if args.step_time > 0 else 1
     batches = worker_batches(len(y), hvd.rank(), hvd.size(), task.batch_size, 1 << 20, args.seed)
     copies, samples = [], 0
     started = time.perf_counter()
     for step, (_, batch) in enumerate(batches):
         elapsed = time.perf_counter() - started
         over = elapsed >= args.seconds
-        if lockstep and step % agree_every == 0:  # they stop at the same step: the first agreement past the time
-            over = bool(hvd.allreduce(torch.tensor(float(over)), op=hvd.Max, name="over").item())
-        elif lockstep:
-            over = False
+        if lockstep:  # they stop at the same step: the first agreement past the time
+            over = step % agree_every == 0 and bool(
+                hvd.allreduce(torch.tensor(float(over)), op=hvd.Max, name="over").item())
         if over:
             break
         if hvd.rank() == 0 and elapsed >= len(copies) * args.evaluate_every:

@@ -73,16 +73,25 @@ def test_equivalence_with_single_processreplay_paper(tmp_path, mode, extra):
 
 def test_the_bounded_rule_trains_where_the_papers_diverges_and_replays_bit_for_bit(tmp_path):
     """DC-ASGD-a at a rate of 0.05: with the paper's unbounded correction (HVD_DCASGD_BOUND=inf) at
-    lambda_0 2 the weights blow up and a worker's gradient becomes NaN, which ends the job with its sentence;
-    with the default bound the job trains even at the default lambda_0, four times larger (8), ends on the
-    weights of its trace's replay bit for bit, and within 1e-5 of the replay through the formulas written
-    out in the tests.  (At lambda_0 8 the unbounded rule did not blow up within 20 steps in every
-    ordering of the pushes.)"""
+    lambda_0 4 the weights blow up: either a worker's gradient becomes NaN or Inf, which ends the job with
+    its sentence, or the job ends on weights beyond 1e6 (the data puts them within 1); with the default
+    bound the job trains even at the default lambda_0, twice larger (8), ends on the weights of its trace's
+    replay bit for bit, and within 1e-5 of the replay through the formulas written out in the tests.
+
+    Which of the two blow-ups comes depends on the order the pushes arrive in: replayed in 600 random
+    orders of three workers' 20 pushes, the paper's rule ended in a non-finite gradient in 296 and on
+    weights beyond 1e6 in the other 304, in none within 1e6 (at lambda_0 2, 5 of 600 orders stayed within 1e6)."""
     steps = ["--compensation", "adaptive", "--steps", 20, "--lr", 0.05]
     workers = 3  # the rate at which the paper's rule blows up was found with three (staleness about 2)
-    paper = mpirun(workers + 1, PROGRAMS / "synthetic.py", "--out", tmp_path, *steps,
-                   env={"HVD_DCASGD_BOUND": "inf", "HVD_DCASGD_LAMBDA": "2"})
-    assert paper.returncode == 1 and "holds NaN or Inf" in paper.stdout, paper.stdout[-3000:]
+    paper_out = tmp_path / "paper"
+    paper_out.mkdir()
+    paper = mpirun(workers + 1, PROGRAMS / "synthetic.py", "--out", paper_out, *steps,
+                   env={"HVD_DCASGD_BOUND": "inf", "HVD_DCASGD_LAMBDA": "4"})
+    if paper.returncode == 0:
+        largest = max(float(torch.load(paper_out / f"worker{m}.pt")["a"].abs().max()) for m in range(workers))
+        assert largest > 1e6, (largest, paper.stdout[-3000:])
+    else:
+        assert paper.returncode == 1 and "holds NaN or Inf" in paper.stdout, paper.stdout[-3000:]
     bounded = tmp_path / "bounded"
     bounded.mkdir()
     _, records, final, _ = _train(bounded, *steps, workers=workers)

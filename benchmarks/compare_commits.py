@@ -40,13 +40,16 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import docs_section
 from jobs import ROOT, mpirun
 
 LABELS = {"none": "ASGD", "constant": "DC-ASGD-c", "adaptive": "DC-ASGD-a", "sync": "SSGD"}
 NO_SLOWDOWN, SLOWER, UNDECIDED = "no slowdown", "slower", "not decided by this run"
+#: Each measure of a run's summary: what it is called, and whether more of it is faster.
+MEASURES = {"updates_per_s": ("updates/s", True),
+            "apply_seconds_per_update": ("the server's time per update (compensate and step)", False)}
 #: The variables every run gets from this script (``--new-env`` cannot change them).
 OWN_VARIABLES = ("HVD_DCASGD_HOROVOD", "HVD_DCASGD_SUMMARY")
 
@@ -66,8 +69,9 @@ def default_base() -> str:
     return git("rev-parse", f"{added[-1]}^")
 
 
-def run_once(tree: Path, mode: str, args: argparse.Namespace, extra: Optional[Dict[str, str]] = None) -> float:
-    """One mpirun of ``mode`` from ``tree``, with the variables ``extra``: the server's updates/s."""
+def run_once(tree: Path, mode: str, args: argparse.Namespace,
+             extra: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """One mpirun of ``mode`` from ``tree``, with the variables ``extra``: the server's summary."""
     with tempfile.TemporaryDirectory() as scratch:
         summary = Path(scratch) / "summary.json"
         env = {k: v for k, v in os.environ.items() if not k.startswith("HVD_DCASGD_")}
@@ -81,7 +85,7 @@ def run_once(tree: Path, mode: str, args: argparse.Namespace, extra: Optional[Di
             sys.exit(f"{mode} from {tree} took over {args.timeout:g} s")
         if out.returncode != 0 or not summary.exists():
             sys.exit(f"{mode} from {tree} failed (status {out.returncode}):\n{out.stdout}\n{out.stderr}")
-        return float(json.loads(summary.read_text())["updates_per_s"])
+        return json.loads(summary.read_text())
 
 
 def ratio_interval(new: Sequence[float], base: Sequence[float],
@@ -111,29 +115,41 @@ def verdict(interval: Tuple[float, float], tolerance: float) -> str:
     return UNDECIDED
 
 
-def compare(base_tree: Path, new_tree: Path, args: argparse.Namespace) -> Dict[str, Dict[str, List[float]]]:
-    """Rounds of every mode from both trees, paired by round; the order of
-    the two trees alternates from one round to the next."""
-    rates: Dict[str, Dict[str, List[float]]] = {m: {"base": [], "new": []} for m in args.modes}
+def compare(base_tree: Path, new_tree: Path, args: argparse.Namespace) -> Dict[str, Dict[str, List[Dict[str, Any]]]]:
+    """Rounds of every mode from both trees, paired by round (each run's
+    summary); the order of the two trees alternates from one round to the next."""
+    runs: Dict[str, Dict[str, List[Dict[str, Any]]]] = {m: {"base": [], "new": []} for m in args.modes}
     trees = [("base", base_tree), ("new", new_tree)]
     for r in range(args.rounds):
         for mode in args.modes:
             for name, tree in (trees if r % 2 == 0 else trees[::-1]):
-                rates[mode][name].append(run_once(tree, mode, args, args.new_env if name == "new" else None))
+                runs[mode][name].append(run_once(tree, mode, args, args.new_env if name == "new" else None))
         print(f"round {r + 1}: " + "  ".join(
-            f"{LABELS[m]} base {rates[m]['base'][-1]:.1f}, new {rates[m]['new'][-1]:.1f} updates/s"
-            for m in args.modes), flush=True)
-    return rates
+            f"{LABELS[m]} base {runs[m]['base'][-1]['updates_per_s']:.1f}, new {runs[m]['new'][-1]['updates_per_s']:.1f} "
+            f"updates/s, {runs[m]['base'][-1]['apply_seconds_per_update'] * 1e3:.3f} and "
+            f"{runs[m]['new'][-1]['apply_seconds_per_update'] * 1e3:.3f} ms per update" for m in args.modes), flush=True)
+    return runs
 
 
-def report(rates: Dict[str, Dict[str, List[float]]], tolerance: float) -> List[str]:
+def report(runs: Dict[str, Dict[str, List[Dict[str, Any]]]], tolerance: float) -> List[str]:
+    """Per mode, a line per measure: the speed ratio, its interval and the
+    verdict; and a line where the two trees' update paths differ."""
     lines = []
-    for mode, runs in rates.items():
-        ratios = [n / b for n, b in zip(runs["new"], runs["base"])]
-        mean, (low, high) = ratio_interval(runs["new"], runs["base"])
-        lines.append(f"{LABELS[mode]} ({mode}): new/base updates/s {mean:.3f}, 95% interval [{low:.3f}, {high:.3f}] "
-                     f"over {len(ratios)} rounds (ratios {', '.join(f'{x:.3f}' for x in ratios)}); "
-                     f"tolerance {tolerance:.2f}: {verdict((low, high), tolerance)}")
+    for mode, by_tree in runs.items():
+        for measure, (name, more_is_faster) in MEASURES.items():
+            base, new = ([run[measure] for run in by_tree[tree]] for tree in ("base", "new"))
+            faster, slower = (new, base) if more_is_faster else (base, new)
+            ratios = [f / s for f, s in zip(faster, slower)]
+            mean, (low, high) = ratio_interval(faster, slower)
+            lines.append(f"{LABELS[mode]} ({mode}), {name}: speed ratio {'new/base' if more_is_faster else 'base/new'} "
+                         f"{mean:.3f}, 95% interval [{low:.3f}, {high:.3f}] over {len(ratios)} rounds "
+                         f"(ratios {', '.join(f'{x:.3f}' for x in ratios)}); tolerance {tolerance:.2f}: "
+                         f"{verdict((low, high), tolerance)}")
+        paths = {tree: sorted({run.get("update_path", {}).get("path", "?") for run in by_tree[tree]})
+                 for tree in ("base", "new")}
+        if paths["base"] != paths["new"]:
+            lines.append(f"{LABELS[mode]} ({mode}): the update paths differ: base {', '.join(paths['base'])}, "
+                         f"new {', '.join(paths['new'])}")
     return lines
 
 
@@ -177,11 +193,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                        f"worker, {args.rounds} rounds, {os.cpu_count()} cores"
                        + "".join(f", {name}={value} in this tree's runs" for name, value in args.new_env.items()))
             print(f"base {base[:7]} ({base_tree}) against this tree, {head}{dirty} ({ROOT}): {setting}", flush=True)
-            rates = compare(base_tree, ROOT, args)
+            runs = compare(base_tree, ROOT, args)
         finally:
             git("worktree", "remove", "--force", str(base_tree))
     lines = [f"The tree at {head}{dirty} against {base[:7]}: {setting}.", "",
-             *(f"- {line}" for line in report(rates, args.tolerance))]
+             *(f"- {line}" for line in report(runs, args.tolerance))]
     docs_section.publish("compare_commits.py", sys.argv[1:] if argv is None else argv, lines, args.markdown)
 
 

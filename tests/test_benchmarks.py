@@ -205,13 +205,32 @@ def test_compare_commits_gives_the_variables_to_this_trees_runs_only(monkeypatch
 
     def run_once(tree, mode, args, extra=None):  # records what compare() asks for instead of starting a job
         runs.append((tree, mode, extra))
-        return 100.0
+        return {"updates_per_s": 100.0, "apply_seconds_per_update": 1e-3}
 
     monkeypatch.setattr(compare_commits, "run_once", run_once)
     args = argparse.Namespace(rounds=2, modes=["adaptive"], new_env={"HVD_DCASGD_BOUND": "inf"})
     compare_commits.compare("base-tree", "new-tree", args)
     assert runs == [("base-tree", "adaptive", None), ("new-tree", "adaptive", {"HVD_DCASGD_BOUND": "inf"}),
                     ("new-tree", "adaptive", {"HVD_DCASGD_BOUND": "inf"}), ("base-tree", "adaptive", None)]
+
+
+def test_compare_commits_reports_each_measure_as_a_speed_ratio():
+    """Both measures read as speed (above 1: this tree is faster): updates/s this tree's over the earlier one's,
+    the server's seconds per update the earlier one's over this tree's; a line says where the update paths differ."""
+    sys.path.insert(0, str(BENCH))
+    import compare_commits
+
+    def summary(rate, seconds, path="fused_sgd"):
+        return {"updates_per_s": rate, "apply_seconds_per_update": seconds, "update_path": {"path": path}}
+
+    runs = {"adaptive": {"base": [summary(100.0, 2e-3), summary(50.0, 4e-3)],
+                         "new": [summary(80.0, 1e-3), summary(40.0, 2e-3, "foreach")]}}
+    rate, apply, paths = compare_commits.report(runs, 0.95)
+    assert rate.startswith("DC-ASGD-a (adaptive), updates/s: speed ratio new/base 0.800, 95% interval "
+                           "[0.800, 0.800] over 2 rounds (ratios 0.800, 0.800)") and rate.endswith(": slower"), rate
+    assert apply.startswith("DC-ASGD-a (adaptive), the server's time per update (compensate and step): speed ratio "
+                            "base/new 2.000, 95% interval [2.000, 2.000]") and apply.endswith(": no slowdown"), apply
+    assert paths == "DC-ASGD-a (adaptive): the update paths differ: base fused_sgd, new foreach, fused_sgd"
 
 
 def test_end_to_end_ratios_are_paired_within_rounds():

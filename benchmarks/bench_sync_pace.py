@@ -32,7 +32,6 @@ import argparse
 import itertools
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import docs_section
-from jobs import ROOT, child_env, mpirun
+from jobs import ROOT, horovodrun, mpirun, own_env
 
 SCRIPT = ROOT / "benchmarks" / "evidence" / "train_mpi.py"
 sys.path.insert(0, str(SCRIPT.parent))
@@ -66,13 +65,6 @@ SYNC = (
 )
 
 
-def horovodrun() -> str:
-    found = shutil.which("horovodrun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
-    if found is None:
-        sys.exit("horovodrun is not installed next to this Python (Horovod: bash .ci/setup.sh)")
-    return found
-
-
 def command(kind: str, workers: int, args: argparse.Namespace, out: Path) -> List[str]:
     """The study's script for ``workers`` workers: under horovodrun (``horovod``) or this project (``sync``)."""
     options = ["--task", args.task, "--lr", "0.05", "--step-time", args.step_time, "--seconds", args.seconds,
@@ -86,10 +78,7 @@ def command(kind: str, workers: int, args: argparse.Namespace, out: Path) -> Lis
 def environment(variables: Dict[str, str]) -> Dict[str, str]:
     """This environment without the settings any case varies (so that a
     row has only its own) or the package's own variables, plus ``variables``."""
-    varied = {name for _, case in (*HOROVOD, *SYNC) for name in case}
-    env = {k: v for k, v in child_env().items()
-           if k not in varied and not k.startswith(("HVD_DCASGD_", "HOROVOD_"))}
-    return {**env, **variables}
+    return own_env(variables, varied={name for _, case in (*HOROVOD, *SYNC) for name in case})
 
 
 def run_once(kind: str, variables: Dict[str, str], workers: int,

@@ -36,6 +36,7 @@ HEADLINE = ("<!-- results headline: written by benchmarks/evidence/report.py -->
 #: The README's measured figure, in its first screen's "why".
 FIGURE = ("<!-- results figure: written by benchmarks/evidence/report.py -->", "<!-- end of results figure -->")
 PLAN = "results/PLAN.md"
+TIME_PLAN = "results/TIME_PLAN.md"
 ARCHIVES = {"design-2": "results/design-2/RESULTS.md", "design-1": "results/design-1/RESULTS.md"}
 TITLE = "# Results: does bounded delay compensation train reliably, and does it help?"
 COMMAND = "python benchmarks/evidence/run.py --jobs 2"
@@ -110,7 +111,9 @@ def archive_lines() -> List[str]:
             f"({ARCHIVES['design-2']}), with why this design replaces its accuracy study at its top (DC-ASGD-a did "
             "not train in 2 to 7 of 10 seeds at its tuned values; tuning used one seed and took the minimum; its "
             "lambda_0 was always the top of its grid, unflagged; its means counted only the seeds that trained). Its "
-            "time-to-accuracy study against real Horovod stays there until a later design measures it again. The "
+            "time-to-accuracy study against real Horovod stays there until the next one, planned in "
+            f"[{TIME_PLAN}]({TIME_PLAN}) (Horovod at its machine's pace, a schedule in epochs, a target both sides "
+            "reach, four straggler patterns), has run. The "
             f"first design's are in [{ARCHIVES['design-1']}]({ARCHIVES['design-1']})."]
 
 

@@ -169,6 +169,35 @@ def test_the_study_runs_its_untimed_and_timed_runs_and_resumes_with_nothing_left
         assert r["target"] == evidence["targets"]["2"] and r["curve"], r["key"]
         assert ("horovodrun" in r["command"]) == (r["method"] == "horovod"), r["command"]
     assert [s["runs"] for s in evidence["sessions"]] == [6]
+    import time_report
+
+    section = "\n".join(time_report.write_section(out))
+    assert "6 of 6 timed runs recorded" in section and "**none**: no straggler." in section, section
+    assert section.count("| Horovod (horovodrun, yield when idle) | 1 |") == 2, section
     second = run(command, timeout=300)
     assert second.returncode == 0 and "6 timed runs recorded already (skipped); 0 to run now" in second.stdout, \
         second.stdout[-3000:]
+
+
+def test_the_predictions_are_decided_by_their_rules_on_complete_cells_only():
+    import time_report
+
+    def runs(pattern, method, times, per_worker=((3000, 10.0), (3000, 10.0))):
+        return [{**_record(method, s, t, per_worker), "pattern": pattern} for s, t in enumerate(times)]
+
+    grouped = time_report.cells([
+        *runs("none", "horovod", [40.0, 42.0, 38.0]), *runs("none", "sync", [41.0, 43.0, 39.0]),
+        *runs("none", "adaptive", [20.0, 22.0, 19.0]),
+        *runs("constant", "horovod", [80.0, 85.0, None]), *runs("constant", "adaptive", [20.0, 21.0, 22.0]),
+        *runs("constant", "none", [25.0, 26.0, 27.0]), *runs("constant", "gap_aware", [70.0, 80.0, 75.0]),
+    ])
+    verdicts = {name: verdict for name, _, verdict in time_report.predictions(grouped, 2, seeds=3)}
+    assert verdicts["T1"] == "holds", "3000 samples in 10 s: 300 images/s, 0.94 of 320"
+    assert verdicts["T2"] == "holds" and verdicts["T3"] == "holds"
+    assert verdicts["T4"] == "refuted", "Horovod reached in 2 of 3 (fewer than 4), and Gap-Aware's ratio is about 0.9"
+    assert verdicts["T5"] == verdicts["T6"] == "not decided", "no transient or heavy runs: not decided"
+    slow = time_report.cells(runs("none", "horovod", [40.0] * 3, ((2000, 10.0), (2000, 10.0)))
+                             + runs("none", "sync", [40.0] * 3))
+    assert time_report.predictions(slow, 2, seeds=3)[0][2] == "refuted", "Horovod at 200 images/s: 0.63 of 320"
+    incomplete = {name: verdict for name, _, verdict in time_report.predictions(grouped, 2, seeds=5)}
+    assert set(incomplete.values()) == {"not decided"}, incomplete

@@ -30,6 +30,7 @@ from plots import plots  # noqa: E402
 from records import load  # noqa: E402
 from stats import Difference, holm, holm_levels, mean_interval, paired_difference  # noqa: E402
 from tasks import TASKS  # noqa: E402
+from time_report import write_section  # noqa: E402
 
 HEADLINE = ("<!-- results headline: written by benchmarks/evidence/report.py -->",
             "<!-- end of results headline -->")
@@ -54,6 +55,9 @@ def write_report(out: Path, readme: Optional[Path] = None) -> List[str]:
         report = Report(evidence)
         names = plots(report, Path(out) / "results")
         page = report.page()
+    timed = write_section(out)
+    if timed:
+        page = page.rstrip("\n") + "\n\n" + "\n".join(timed).rstrip("\n") + "\n"
     (Path(out) / "RESULTS.md").write_text(page)
     if readme is not None:
         update_readme(readme, report.headline() if report else pending_headline())

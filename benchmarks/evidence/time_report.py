@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from stats import mean_interval
@@ -93,3 +94,143 @@ def cells(records: Sequence[Dict]) -> Dict[Tuple[str, int, str], List[Dict]]:
         if "failed" not in r:
             grouped.setdefault((r["pattern"], r["workers"], r["method"]), []).append(r)
     return grouped
+
+
+# --- the predictions (docs/results/TIME_PLAN.md, section 8) -----------------------
+HOLDS, REFUTED, UNDECIDED = "holds", "refuted", "not decided"
+
+
+def below(r: Optional[Ratio], limit: float) -> str:
+    """Whether a ratio lies below ``limit``: holds when its whole interval
+    does, refuted when its whole interval lies above, else not decided."""
+    if r is None:
+        return UNDECIDED
+    low, high = r.interval
+    return HOLDS if high < limit else REFUTED if low > limit else UNDECIDED
+
+
+def within(r: Optional[Ratio], low_limit: float, high_limit: float) -> str:
+    if r is None:
+        return UNDECIDED
+    low, high = r.interval
+    if low_limit <= low and high <= high_limit:
+        return HOLDS
+    return REFUTED if high < low_limit or low > high_limit else UNDECIDED
+
+
+def every(verdicts: Sequence[str]) -> str:
+    """All hold: holds; any refuted: refuted; else not decided."""
+    return REFUTED if REFUTED in verdicts else HOLDS if all(v == HOLDS for v in verdicts) else UNDECIDED
+
+
+def predictions(grouped: Dict[Tuple[str, int, str], List[Dict]], workers: int,
+                seeds: int) -> List[Tuple[str, str, str]]:
+    """(name, what it says, verdict) for T1 to T6 at ``workers``: a
+    prediction is decided only on complete cells (``seeds`` runs each)."""
+    def runs(pattern: str, method: str) -> List[Dict]:
+        found = grouped.get((pattern, workers, method), [])
+        return found if len(found) >= seeds else []
+
+    def vs_horovod(pattern: str, method: str) -> Optional[Ratio]:
+        return ratio(runs(pattern, method), runs(pattern, BASELINE))
+
+    def pace_at_least(method: str) -> str:
+        return UNDECIDED if not runs("none", method) else HOLDS if cell(runs("none", method)).pace >= 0.9 else REFUTED
+
+    def reached(pattern: str, method: str, at_least: int) -> str:
+        found = runs(pattern, method)
+        if not found:
+            return UNDECIDED
+        return HOLDS if cell(found).reached >= at_least else REFUTED
+
+    asynchronous = ("none", "adaptive", "gap_aware")
+    return [
+        ("T1", "no straggler: Horovod and sync train at least 0.9 of the bound",
+         every([pace_at_least("horovod"), pace_at_least("sync")])),
+        ("T2", "no straggler: sync's time within [0.85, 1.15] of Horovod's", within(vs_horovod("none", "sync"), 0.85, 1.15)),
+        ("T3", "no straggler: bounded DC-ASGD-a's time below Horovod's", below(vs_horovod("none", "adaptive"), 1.0)),
+        ("T4", "constant: Horovod reaches the target in 4 of 5 runs; each asynchronous method's ratio below 0.6",
+         every([reached("constant", "horovod", 4), *(below(vs_horovod("constant", m), 0.6) for m in asynchronous)])),
+        ("T5", "transient: bounded DC-ASGD-a's ratio below 0.75", below(vs_horovod("transient", "adaptive"), 0.75)),
+        ("T6", "heavy: bounded DC-ASGD-a reaches the target in 5 of 5 runs, its ratio below 0.75",
+         every([reached("heavy", "adaptive", 5), below(vs_horovod("heavy", "adaptive"), 0.75)])),
+    ]
+
+
+# --- the page's section ---------------------------------------------------------------
+PATTERN_WORDS = {"none": "no straggler", "constant": "one worker constantly 3x slower",
+                 "transient": "every worker slowed 5x for stretches, 10% of its steps",
+                 "heavy": "heavy-tailed step times (Pareto, shape 2)"}
+
+
+def _seconds(value: Optional[float], budget: float) -> str:
+    return f"> {budget:g} s" if value is None else f"{value:.0f} s"
+
+
+def _ratio_cells(r: Optional[Ratio]) -> List[str]:
+    if r is None:
+        return ["-", "-", "-"]
+    low, high = r.interval
+    figure = {AT_MOST: f"at most {r.ratio:.2f}", AT_LEAST: f"at least {r.ratio:.2f}",
+              MIXED: f"{r.ratio:.2f} ({MIXED})"}.get(r.kind, f"{r.ratio:.2f}")
+    interval = "-" if math.isinf(high) else f"[{low:.2f}, {high:.2f}]"
+    return [figure, interval, str(r.seeds)]
+
+
+def section_lines(evidence: Dict, plan_link: str, planned: int, seeds: int) -> List[str]:
+    """The results page's section of the time study, from its records."""
+    from timing import TIMED
+
+    records = [r for r in evidence["records"] if "failed" not in r]
+    failed = len(evidence["records"]) - len(records)
+    grouped = cells(records)
+    commits = sorted({s.get("commit") or "unknown" for s in evidence["sessions"]})
+    clean = all(s.get("clean") for s in evidence["sessions"])
+    lines = ["## Time to accuracy against Horovod", "",
+             f"Planned in [{plan_link}]({plan_link}), committed before any timed run. {len(records)} of {planned} "
+             f"timed runs recorded" + (f" ({failed} failed, rerun on resuming)" if failed else "")
+             + f"; commit{'s' if len(commits) > 1 else ''} {', '.join(c[:7] for c in commits)}, "
+             + ("every sitting on a clean tree" if clean else "**a sitting on a tree with uncommitted changes**")
+             + "." + ("" if len(records) >= planned else " **In progress: a prediction on an incomplete cell is "
+                                                          "not decided.**"), ""]
+    for workers, target in sorted((int(w), t) for w, t in evidence["targets"].items()):
+        untimed = sorted(r["final_error"] for r in evidence["untimed"] if r["workers"] == workers)
+        lines += [f"M = {workers}: target **{target:.1%}** test error, the worst of the Horovod recipe's untimed "
+                  f"final errors ({', '.join(f'{e:.2%}' for e in untimed)}) rounded up to half a point.", ""]
+        for pattern in PATTERN_WORDS:
+            found = {m: grouped[(pattern, workers, m)] for m in TIMED if (pattern, workers, m) in grouped}
+            if not found:
+                continue
+            budget = next(iter(found.values()))[0]["seconds"]
+            lines += [f"**{pattern}**: {PATTERN_WORDS[pattern]}.", "",
+                      "| method | runs | images/s per worker (of the padding's bound) | reached the target | "
+                      "median time to target | time / Horovod's | 95% interval | seeds |", "|" + "---|" * 8]
+            for method, runs in found.items():
+                c = cell(runs)
+                vs = None if method == BASELINE else ratio(runs, found.get(BASELINE, []))
+                lines.append("| " + " | ".join([TIMED[method].label, str(c.runs), f"{c.images_per_s:.0f} "
+                                                f"({c.pace:.2f})", f"{c.reached} of {c.runs}",
+                                                _seconds(c.median_seconds, budget),
+                                                *(["1"] + ["-", "-"] if method == BASELINE else _ratio_cells(vs))])
+                             + " |")
+            lines.append("")
+        lines += ["Predictions ([" + plan_link + "](" + plan_link + "), section 8):", "",
+                  "| | prediction | verdict |", "|---|---|---|",
+                  *(f"| {name} | {says} | {verdict} |" for name, says, verdict in predictions(grouped, workers, seeds)),
+                  ""]
+    return lines
+
+
+def write_section(out: Path) -> List[str]:
+    """The section from ``out/results/time/evidence.json``; none (an empty
+    list) where the study has no records yet."""
+    from time_run import load
+    from timing import SCALES
+
+    path = Path(out) / "results" / "time" / "evidence.json"
+    if not path.exists():
+        return []
+    evidence = load(path)
+    scale = SCALES[evidence["scale"]]
+    planned = scale.seeds * len(scale.patterns) * len(scale.methods) * len(scale.workers)
+    return section_lines(evidence, "results/TIME_PLAN.md", planned, scale.seeds)

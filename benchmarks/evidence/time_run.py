@@ -28,6 +28,8 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
+from multiprocessing import get_context
 from pathlib import Path
 from typing import Dict, List
 
@@ -98,12 +100,13 @@ def choose_targets(scale: TimeScale, evidence: Dict, points, work: Path, recorde
     if evidence["targets"]:
         return {int(w): t for w, t in evidence["targets"].items()}
     specs = untimed_specs(scale, points)
-    for spec in specs:
-        print(f"untimed run {spec['method']} M={spec['workers']} seed {spec['seed']} ...", flush=True)
-        record = execute(spec, work)
-        if "failed" in record:
-            sys.exit("an untimed run failed, so no target can be chosen:\n" + "\n".join(record["failed"]))
-        evidence["untimed"].append(record)
+    print(f"{len(specs)} untimed runs of the synchronous baseline (the simulator) choose the target ...", flush=True)
+    # in a process of their own: this one starts the timed jobs' mpirun and stays outside MPI
+    with get_context("spawn").Pool(1) as pool:
+        for record in pool.imap(partial(execute, work=work), specs):
+            if "failed" in record:
+                sys.exit("an untimed run failed, so no target can be chosen:\n" + "\n".join(record["failed"]))
+            evidence["untimed"].append(record)
     targets = {w: target_from([r["final_error"] for r in evidence["untimed"] if r["workers"] == w])
                for w in scale.workers}
     evidence["targets"] = {str(w): t for w, t in targets.items()}

@@ -201,3 +201,23 @@ def test_the_predictions_are_decided_by_their_rules_on_complete_cells_only():
     assert time_report.predictions(slow, 2, seeds=3)[0][2] == "refuted", "Horovod at 200 images/s: 0.63 of 320"
     incomplete = {name: verdict for name, _, verdict in time_report.predictions(grouped, 2, seeds=5)}
     assert set(incomplete.values()) == {"not decided"}, incomplete
+
+
+def test_the_page_reports_no_ratio_against_a_horovod_below_its_machines_pace():
+    """By the plan: Horovod below 0.9 of the bound with no straggler, no ratio against it; a `sync` below it keeps
+    its row, marked."""
+    import time_report
+
+    def page(horovod_samples, sync_samples):
+        records = [_record("horovod", 0, 40.0, [(horovod_samples, 10.0)] * 2),
+                   _record("sync", 0, 42.0, [(sync_samples, 10.0)] * 2), _record("adaptive", 0, 20.0)]
+        evidence = {"sessions": [{"commit": "abc1234", "clean": True}], "targets": {"2": 0.2},
+                    "untimed": [{"workers": 2, "final_error": 0.195}], "records": records}
+        return "\n".join(time_report.section_lines(evidence, "results/TIME_PLAN.md", 3, 1))
+
+    paced = page(3000, 2500)
+    assert "no ratio against it" not in paced and "| SSGD (this project's sync, Horovod's rate) (below its " \
+        "machine's pace) | 1 |" in paced and "| bounded DC-ASGD-a | 1 | 90 (0.28) | 1 of 1 | 20 s | 0.50 |" in paced
+    starved = page(2000, 3000)
+    assert "Horovod trained 0.62 of the padding's bound with no straggler, below 0.9: by the plan, no ratio" in starved
+    assert "| bounded DC-ASGD-a | 1 | 90 (0.28) | 1 of 1 | 20 s | - | - | - |" in starved, starved

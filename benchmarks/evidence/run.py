@@ -135,6 +135,17 @@ def mixed_commits(evidence: Dict, commit: Optional[str]) -> List[str]:
     return sorted({s.get("commit") or "unknown" for s in evidence["sessions"]} - {commit})
 
 
+def refuse_mixed_commits(parser: argparse.ArgumentParser, path: Path, evidence: Dict, commit: Optional[str],
+                         allowed: bool) -> None:
+    """The parser's error where ``path`` holds records of another commit than
+    ``commit`` and adding to them was not ``allowed``: one study is one commit."""
+    others = mixed_commits(evidence, commit)
+    if others and not allowed:
+        parser.error(f"{path} holds records of commit {', '.join(others)}, and this tree is at "
+                     f"{commit}: one study is one commit; give another --out, or "
+                     "--allow-mixed-commits to add to it anyway (the page then says so)")
+
+
 # --- running the plan ---------------------------------------------------------
 class Recorder:
     """evidence.json, rewritten after every finished run with this session's
@@ -226,11 +237,7 @@ def main() -> None:
     print(f"{len(done)} runs recorded already (skipped); {len(runs)} to run now (the runs that need tuned values "
           "are planned once their tuning is recorded)", flush=True)
     if runs:
-        others = mixed_commits(evidence, provenance["commit"])
-        if others and not args.allow_mixed_commits:
-            parser.error(f"{path} holds records of commit {', '.join(others)}, and this tree is at "
-                         f"{provenance['commit']}: one study is one commit; give another --out, or "
-                         "--allow-mixed-commits to add to it anyway (the page then says so)")
+        refuse_mixed_commits(parser, path, evidence, provenance["commit"], args.allow_mixed_commits)
         for sentence in package_defaults():
             print(f"warning: {sentence}; the out-of-the-box cells run the plan's", flush=True)
         if not provenance["clean"]:

@@ -39,7 +39,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent), str(ROOT)]
 
 from jobs import horovodrun, mpirun, own_env  # noqa: E402
 from records import save  # noqa: E402
-from run import Recorder, execute, git_state, mixed_commits  # noqa: E402
+from run import Recorder, execute, git_state, refuse_mixed_commits  # noqa: E402
 from tasks import TASKS  # noqa: E402
 from timing import (HOROVOD_RECIPE, SCALES, TimeScale, chosen_points, key_of, options, target_from,  # noqa: E402
                     timed_specs, untimed_specs)
@@ -134,11 +134,7 @@ def main() -> None:
     accuracy = [] if scale.points is not None else json.loads(Path(args.accuracy).read_text())["records"]
     points = chosen_points(scale, accuracy)
     provenance = git_state([out, work])
-    others = mixed_commits(evidence, provenance["commit"])
-    if others and not args.allow_mixed_commits:
-        parser.error(f"{path} holds records of commit {', '.join(others)}, and this tree is at "
-                     f"{provenance['commit']}: one study is one commit; give another --out, or "
-                     "--allow-mixed-commits to add to it anyway (the page then says so)")
+    refuse_mixed_commits(parser, path, evidence, provenance["commit"], args.allow_mixed_commits)
     if not provenance["clean"]:
         print("warning: the tree has uncommitted changes; this sitting is recorded as not clean", flush=True)
     path.parent.mkdir(parents=True, exist_ok=True)

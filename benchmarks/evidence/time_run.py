@@ -8,7 +8,8 @@ recorded, one real job at a time.
 Resumable, as ``run.py`` is: the records are kept in
 ``OUT/results/time/evidence.json``, rewritten after every finished run, and
 a run already recorded is not run again, so a sitting may be stopped between
-runs (Ctrl-C loses only the run under way).  Every sitting records its start
+runs (Ctrl-C or SIGTERM ends the job under way, unrecorded, and loses nothing
+else).  Every sitting records its start
 time (UTC), the commit and whether the tree was clean; one on another commit
 than the records' is refused unless ``--allow-mixed-commits`` is given.
 
@@ -88,6 +89,10 @@ def timed_run(spec: Dict, work: Path) -> Dict:
         os.killpg(job.pid, signal.SIGKILL)
         printed, _ = job.communicate()
         return {**record, "failed": printed.splitlines()[-20:] + [f"(killed after {spec['seconds'] + GRACE:g} s)"]}
+    except BaseException:  # the sitting is stopped (Ctrl-C, SIGTERM): the job under way goes with it, unrecorded
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        raise
     record["launch_seconds"] = time.perf_counter() - started
     if job.returncode != 0 or not out.exists():
         return {**record, "failed": printed.splitlines()[-20:] + [f"(exit status {job.returncode})"]}
@@ -115,6 +120,7 @@ def choose_targets(scale: TimeScale, evidence: Dict, points, work: Path, recorde
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # stop a sitting as Ctrl-C does
     parser = argparse.ArgumentParser(description="Run the time-to-accuracy study, resumably.")
     parser.add_argument("--scale", choices=sorted(SCALES), default="standard",
                         help="standard (the study) or tiny (the tests)")

@@ -60,9 +60,9 @@ def test_an_unknown_pattern_is_refused_with_the_known_ones():
         stragglers.factors("slow", 0, 4, 0)
 
 
-def test_the_target_is_the_worst_untimed_final_error_rounded_up_to_half_a_point():
-    assert timing.target_from([0.2279, 0.2301, 0.2250]) == 0.235
-    assert timing.target_from([0.23]) == 0.23, "a figure on the half point is its own target"
+def test_the_target_is_the_worst_untimed_final_error_and_half_a_point_rounded_up_to_half_a_point():
+    assert timing.target_from([0.2279, 0.2301, 0.2250]) == 0.24
+    assert timing.target_from([0.235]) == 0.24, "a figure on the half point gets its half point of room"
     with pytest.raises(ValueError, match="no untimed run"):
         timing.target_from([])
 
@@ -144,7 +144,7 @@ def test_the_study_runs_its_untimed_and_timed_runs_and_resumes_with_nothing_left
     evidence = json.loads((out / "results" / "time" / "evidence.json").read_text())
     untimed = evidence["untimed"]
     assert len(untimed) == 1 and untimed[0]["source"] == "simulator" and untimed[0]["method"] == "horovod"
-    assert evidence["targets"] == {"2": math.ceil(untimed[0]["final_error"] * 200 - 1e-9) / 200}
+    assert evidence["targets"] == {"2": math.ceil((untimed[0]["final_error"] + 0.005) * 200 - 1e-9) / 200}
     records = evidence["records"]
     assert not [r["failed"] for r in records if "failed" in r]
     assert sorted((r["pattern"], r["method"]) for r in records) == sorted(

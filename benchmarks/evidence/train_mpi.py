@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -134,6 +135,7 @@ def main() -> None:
     rank = hvd.rank()
     hvd.shutdown()
     if rank == 0:
+        torch.set_num_threads(os.cpu_count() or 1)  # the other ranks have ended: evaluate on every core
         final = error_rate(model, test)
         curve = []
         for at, weights in copies:

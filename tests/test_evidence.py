@@ -140,11 +140,15 @@ def test_a_session_on_another_commit_is_refused_unless_told_and_the_page_says_so
 
 def test_the_committed_page_is_what_report_makes_of_the_committed_evidence(tmp_path):
     """docs/RESULTS.md and the README's headline are what report.py writes from
-    docs/results/evidence.json (the pending page while the study has not run)."""
+    docs/results/evidence.json and the time study's docs/results/time/evidence.json
+    (the pending page while the study has not run)."""
     committed = ROOT / "docs" / "results" / "evidence.json"
-    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "time").mkdir(parents=True)
     if committed.exists():
         shutil.copy(committed, tmp_path / "results")
+    timed = ROOT / "docs" / "results" / "time" / "evidence.json"
+    if timed.exists():
+        shutil.copy(timed, tmp_path / "results" / "time")
     readme = tmp_path / "README.md"
     shutil.copy(ROOT / "README.md", readme)
     result = run([sys.executable, EVIDENCE / "report.py", "--out", tmp_path, "--readme", readme], timeout=120)

@@ -187,7 +187,8 @@ def section_lines(evidence: Dict, plan_link: str, planned: int, seeds: int) -> L
     commits = sorted({s.get("commit") or "unknown" for s in evidence["sessions"]})
     clean = all(s.get("clean") for s in evidence["sessions"])
     lines = ["## Time to accuracy against Horovod", "",
-             f"Planned in [{plan_link}]({plan_link}), committed before any timed run. {len(records)} of {planned} "
+             f"Planned in [{plan_link}]({plan_link}), committed before any timed run and revised after a first sitting "
+             f"of three runs, post hoc (its section 12). {len(records)} of {planned} "
              f"timed runs recorded" + (f" ({failed} failed, rerun on resuming)" if failed else "")
              + f"; commit{'s' if len(commits) > 1 else ''} {', '.join(c[:7] for c in commits)}, "
              + ("every sitting on a clean tree" if clean else "**a sitting on a tree with uncommitted changes**")
@@ -196,7 +197,8 @@ def section_lines(evidence: Dict, plan_link: str, planned: int, seeds: int) -> L
     for workers, target in sorted((int(w), t) for w, t in evidence["targets"].items()):
         untimed = sorted(r["final_error"] for r in evidence["untimed"] if r["workers"] == workers)
         lines += [f"M = {workers}: target **{target:.1%}** test error, the worst of the Horovod recipe's untimed "
-                  f"final errors ({', '.join(f'{e:.2%}' for e in untimed)}) rounded up to half a point.", ""]
+                  f"final errors ({', '.join(f'{e:.2%}' for e in untimed)}) plus half a point, rounded up to half a "
+                  "point.", ""]
         paces = {m: cell(grouped[("none", workers, m)]).pace for m in ("horovod", "sync")
                  if len(grouped.get(("none", workers, m), [])) >= seeds}
         compared = paces.get(BASELINE, 1.0) >= 0.9

@@ -76,8 +76,13 @@ def heavy(worker: int, workers: int, seed: int, shape: float = 2.0, cap: float =
         yield min(cap, 1.0 + float(rng.pareto(shape)))  # numpy's pareto is Lomax: 1 + it is Pareto with scale 1
 
 
-def factors(name: str, worker: int, workers: int, seed: int) -> Iterator[float]:
-    """The step-time factors of ``worker``'s steps under the pattern ``name``."""
+def pattern_named(name: str) -> Pattern:
+    """The pattern registered as ``name``; a sentence naming the known ones where there is none."""
     if name not in PATTERNS:
         raise ValueError(f"straggler pattern {name!r}: choose one of {', '.join(sorted(PATTERNS))}")
-    return PATTERNS[name](worker=worker, workers=workers, seed=seed)
+    return PATTERNS[name]
+
+
+def factors(name: str, worker: int, workers: int, seed: int) -> Iterator[float]:
+    """The step-time factors of ``worker``'s steps under the pattern ``name``."""
+    return pattern_named(name)(worker=worker, workers=workers, seed=seed)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from plan import METHODS, Point, rate_fields
-from stragglers import PATTERNS
+from stragglers import pattern_named
 
 
 @dataclass(frozen=True)
@@ -165,8 +165,7 @@ def timed_spec(scale: TimeScale, method: str, workers: int, pattern: str, seed: 
                target: float) -> Dict:
     """The fields of a timed run's record that say what it runs."""
     timed = TIMED[method]
-    if pattern not in PATTERNS:
-        raise ValueError(f"straggler pattern {pattern!r}: choose one of {', '.join(sorted(PATTERNS))}")
+    pattern_named(pattern)  # an unknown pattern is refused here, before any run
     lr, values = point
     settings = dict(zip(METHODS[timed.row].tuned, values))
     return {"source": timed.source, "task": scale.task, "method": method, "workers": workers, "seed": seed,
@@ -197,7 +196,3 @@ def options(spec: Dict, cache: str, out: str) -> List[str]:
         given.insert(0, ("--compensation", TIMED[spec["method"]].mode))
     return [str(part) for name, value in given if value is not None for part in (name, value)]
 
-
-def images_per_second(per_worker: Sequence[Sequence[float]]) -> List[float]:
-    """Each worker's images/s: its samples over its own seconds of training."""
-    return [samples / seconds for samples, seconds in per_worker]

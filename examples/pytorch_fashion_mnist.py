@@ -198,6 +198,9 @@ def train(args):
                                          checkpoint_dir=args.checkpoint_dir, metrics_dir=args.log_dir)
 
     # Resumed: skip the steps the server has already taken (0 on a fresh start).
+    # Resumed with another number of workers, every worker gets the even share
+    # of all the steps taken before, so the re-split DistributedSampler shards
+    # go on at the same place of the epoch (docs/RELIABILITY.md).
     start_epoch, skip = divmod(optimizer.pushes, len(train_loader))
     writer = summary_writer(args.log_dir) if hvd.rank() == 0 else None
     if optimizer.pushes and hvd.rank() == 0:

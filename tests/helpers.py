@@ -340,7 +340,7 @@ def push_gradient(server, worker, seed, lrs):
 ORDER = [0, 1, 2, 1, 0, 0, 2, 1, 2, 0]
 
 
-def fresh_server(optimizer_name, comp, seed=0, wire=torch.float32, **options):
+def fresh_server(optimizer_name, comp, seed=0, wire=torch.float32, num_workers=SELF_WORKERS, **options):
     torch.manual_seed(seed)
     model = Net()
     if seed:  # a server that starts elsewhere, so a load has something to overwrite
@@ -349,7 +349,7 @@ def fresh_server(optimizer_name, comp, seed=0, wire=torch.float32, **options):
                 p.add_(torch.randn_like(p))
     optimizer = OPTIMIZERS[optimizer_name](model)
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
-    return open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=SELF_WORKERS, wire_dtype=wire, **options)
+    return open_server(load_mpi().COMM_SELF, optimizer, layout, comp, num_workers=num_workers, wire_dtype=wire, **options)
 
 
 def apply_pushes(server, pushes):
@@ -411,7 +411,11 @@ def replay_exactly(records, args, workers=WORKERS, at_sent=None):
     """The weights the server ends with, computed in one process with its own
     update (compensation, then the optimizer's step, on one flat vector),
     following the trace line by line; ``at_sent(weights, optimizer)`` is
-    called where the trace says weights were sent outside a push."""
+    called where the trace says weights were sent outside a push.  Where the
+    job resumed with another number of workers (a ``"workers"`` line), the
+    workers of both keep their backups, new ones start from the weights then,
+    and every worker's data goes on at the even share of the pushes before
+    (hvd_dcasgd.algorithm.membership's rule, written out here)."""
     torch.manual_seed(1000)  # the server rank's seed: its weights are the initial ones
     model = synthetic.Model()
     optimizer = synthetic.make_optimizer(model, args)
@@ -426,7 +430,12 @@ def replay_exactly(records, args, workers=WORKERS, at_sent=None):
                           staged=False)
     backups = [weights.clone() for _ in range(workers)]
     lrs = [group["lr"] for group in optimizer.param_groups]
+    taken, base = 0, 0  # pushes applied so far; the data position every worker resumed at
     for r in records:
+        if "workers" in r:
+            backups = [*backups[:r["workers"]], *(weights.clone() for _ in range(r["workers"] - len(backups)))]
+            base = taken // r["workers"]
+            continue
         m = r["worker"]
         if "sent" in r:  # the worker got the weights of this moment, outside a push
             backups[m].copy_(weights)
@@ -437,11 +446,12 @@ def replay_exactly(records, args, workers=WORKERS, at_sent=None):
         with torch.no_grad():
             worker_model.a.copy_(layout.views(backups[m])[0])
             worker_model.b.copy_(layout.views(backups[m])[1])
-        synthetic.backward_passes(worker_model, m, r["step"], args)
+        synthetic.backward_passes(worker_model, m, base + r["step"], args)
         gradient = torch.empty_like(weights)
         flatten_into(gradient, layout.views(gradient), [worker_model.a.grad, worker_model.b.grad])
         update(gradient, backups[m], m, lrs)
         backups[m].copy_(weights)
+        taken += 1
     return layout.views(weights)
 
 
@@ -453,8 +463,11 @@ def check_history(records, steps, workers=WORKERS):
         assert [r["step"] for r in records if r["worker"] == m] == list(range(steps)), m
 
 
-def check_final_weights(out, records, args, at_sent=None, workers=WORKERS):
-    a, b = replay_exactly(records, args, workers=workers, at_sent=at_sent)
+def check_final_weights(out, records, args, at_sent=None, workers=WORKERS, first_workers=None):
+    """Every worker's final weights (``workers`` of them) are the trace's
+    replay, bit for bit (``first_workers``: the first job's number of
+    workers, where it differs)."""
+    a, b = replay_exactly(records, args, workers=first_workers or workers, at_sent=at_sent)
     for m in range(workers):
         final = torch.load(out / f"worker{m}.pt", weights_only=True)
         assert torch.equal(final["a"], a) and torch.equal(final["b"], b), m

@@ -36,7 +36,8 @@ from ..protocol.layout import ModelLayout, PushMessage, flatten_into, trained_pa
 from ..protocol.staging import Staging, choose_staging
 from .compensation import CONSTANTS, Compensation
 from .pipelined import PipelinedUpdate, pipelined
-from .rules import COMPENSATIONS, PER_GROUP, Push
+from .membership import resized_state
+from .rules import COMPENSATIONS, PER_GROUP, PER_WORKER, Push
 from .update import ServerUpdate, lr_factor
 
 #: The version of :meth:`ParameterServer.state_dict`'s format.
@@ -107,6 +108,10 @@ class ParameterServer:
             self.backups = self.outboxes
         self.sent_at = [0] * num_workers
         self.updates = 0
+        # pushes taken before the number of workers last changed, and each worker's even share of them
+        # (its data position's start, :mod:`.membership`); zero in a job that never changed it
+        self.before = {"applied": 0, "refused": 0}
+        self.base = 0
         for m in range(num_workers):
             self.backups[m].copy_(self.weights)
             self._fill_outbox(m)
@@ -314,14 +319,17 @@ class ParameterServer:
             "sent_at": list(self.sent_at),
             "pushes": list(self.telemetry.pushes),
             "refused": list(self.telemetry.refused),
+            "before": dict(self.before),
+            "base": self.base,
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue from ``state`` (another server's :meth:`state_dict`):
-        the next pushes are applied exactly as that server would have.  All
-        or nothing: a state of another format, settings or shape raises and
-        changes nothing."""
-        state = _state_read(state)
+        the next pushes are applied exactly as that server would have.  A
+        state of another number of workers is taken on as
+        :func:`.membership.resized_state` says.  All or nothing: a state of
+        another format, settings or shape raises and changes nothing."""
+        state = self._resized(_state_read(state))
         self._check_state(state)
         self.update.load_optimizer_state(state["optimizer"])  # checks its own groups first
         self._note_update_path()  # the path is chosen again with the optimizer's state
@@ -338,6 +346,24 @@ class ParameterServer:
         self.telemetry.pushes = [int(n) for n in state["pushes"]]
         self.telemetry.refused = [int(n) for n in state["refused"]]
         self.telemetry.updates = self.updates
+        before = state.get("before") or {}
+        self.before = {"applied": int(before.get("applied", 0)), "refused": int(before.get("refused", 0))}
+        self.base = int(state.get("base", 0))
+
+    def _resized(self, state: Any) -> Any:
+        """``state`` for this server's number of workers (:func:`.membership.resized_state`);
+        anything that is not a server state of format 2 is left to :meth:`_check_state` to refuse."""
+        if not (isinstance(state, dict) and state.get("format") == STATE_FORMAT
+                and isinstance(state.get("settings"), dict) and isinstance(state["settings"].get("num_workers"), int)
+                and state["settings"]["num_workers"] >= 1):
+            return state
+        per_worker = {name: scope == PER_WORKER for name, scope in self.update.state.scopes.items()}
+        return resized_state(state, self.channel.num_workers, self.update.lr_factor, per_worker)
+
+    def position(self, worker: int) -> int:
+        """Worker ``worker``'s data position: the batches of its shard taken, this job and the ones it
+        resumes, even after the number of workers changed (:func:`.membership.position`)."""
+        return self.base + self.applied(worker)
 
     def _check_state(self, state: Dict[str, Any]) -> None:
         state = _state_read(state)
@@ -345,10 +371,6 @@ class ParameterServer:
             found = state.get("format") if isinstance(state, dict) else type(state).__name__
             raise HvdDcasgdValueError(f"hvd_dcasgd: not a server state of format {STATE_FORMAT} (found {found!r})")
         mine, theirs = self.settings(), state["settings"]
-        if theirs.get("num_workers") != mine["num_workers"]:
-            raise HvdDcasgdValueError(f"hvd_dcasgd: the state was saved by a job with {theirs.get('num_workers')} "
-                                      f"workers and this one has {mine['num_workers']}; resume with the same number "
-                                      "of workers (changing it on resume is not supported)")
         different = [k for k in mine if k != "wire_dtype" and mine[k] != theirs.get(k)]
         if different:
             key = different[0]

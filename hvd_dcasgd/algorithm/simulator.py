@@ -176,7 +176,8 @@ class TraceOrder(DelayModel):
     def __init__(self, path: str):
         with open(path) as lines:
             records = [json.loads(line) for line in lines if line.strip()]
-        self.order = [r["worker"] for r in sorted(records, key=lambda r: r["update"])]
+        pushes = [r for r in records if "worker" in r and "update" in r]  # pushes (not a "sent" or "workers" line)
+        self.order = [r["worker"] for r in sorted(pushes, key=lambda r: r["update"])]
         self.trace_workers = 1 + max(self.order, default=0)
 
     def reset(self, workers: int, generator: torch.Generator) -> None:

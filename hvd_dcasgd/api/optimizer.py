@@ -146,7 +146,10 @@ def DistributedOptimizer(
             seconds, when the job is asked to stop, and at the end; the last
             two kept); a job started again with the same folder resumes from
             the newest, each worker from the weights it last received, and
-            ``optimizer.pushes`` says how many steps to skip.
+            ``optimizer.pushes`` says how many steps to skip.  It may resume
+            with another number of workers: the ones that left leave nothing
+            pending, new ones start from the current weights
+            (docs/RELIABILITY.md, "Another number of workers").
             ``HVD_DCASGD_CHECKPOINT_DIR`` overrides it.
         metrics_dir: a folder where the server writes its scalars for
             TensorBoard (rates, staleness, each worker's pushes per second,

@@ -93,7 +93,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def pushes(self) -> int:
         """How many of this worker's gradients the server has taken, counting
         the jobs this one resumes (0 on a fresh start): a resumed script skips
-        that many steps of its data.  Counts steps when training locally."""
+        that many steps of its data.  A job resumed with another number of
+        workers than its checkpoint's counts, for every worker, the even
+        share of all the pushes taken before, so that ``DistributedSampler``
+        shards re-split at the same place of the epoch
+        (:mod:`hvd_dcasgd.algorithm.membership`).  Counts steps when training
+        locally."""
         if self._session is not None:
             return self._session.pushes
         return self._local_steps

@@ -77,6 +77,14 @@ class Telemetry:
             self._trace.write(json.dumps({"update": update, "worker": worker, "step": step, "staleness": staleness,
                                           **self._tag}) + "\n")
 
+    def note_workers(self, update: int, before: int, after: int) -> None:
+        """The job resumed at ``update`` with ``after`` workers where the checkpoint's had ``before``: every
+        worker's count starts again (:mod:`hvd_dcasgd.algorithm.membership`);
+        ``{"workers": after, "before": before, "at": i}``."""
+        self.pushes, self.refused = [0] * after, [0] * after
+        if self._trace is not None:
+            self._trace.write(json.dumps({"workers": after, "before": before, "at": update, **self._tag}) + "\n")
+
     def note_sizes(self, bytes_in: int, bytes_out: int) -> None:
         """The bytes of one push (learning rates and gradient) and of one answer (weights)."""
         self.bytes_in_per_push, self.bytes_out_per_answer = bytes_in, bytes_out
@@ -266,7 +274,8 @@ def truncate_trace(path: str, updates: Dict[Optional[int], Optional[int]]) -> No
         if "offset" in record:  # a server's first line
             return True
         update = updates.get(record.get("shard"))
-        return update is not None and record.get("update", record.get("sent", 0)) < update
+        at = record["update"] if "update" in record else record.get("sent", record.get("at", 0))
+        return update is not None and at < update
 
     kept = [json.dumps(record) + "\n" for record in read_trace(path) if before(record)]
     atomic_write(path, lambda out: out.writelines(kept))

@@ -54,8 +54,10 @@ class Description:
 @dataclass(frozen=True)
 class Resumed:
     """Where the session starts: ``update`` is the checkpoint's update counter
-    (``None``: a fresh start), ``pushes[m]`` how many of worker m's pushes the
-    jobs before this one took."""
+    (``None``: a fresh start), ``pushes[m]`` worker m's data position, the
+    batches of its shard the jobs before this one took (its own pushes, or,
+    after a change of the number of workers, the even share of everyone's:
+    :mod:`hvd_dcasgd.algorithm.membership`)."""
 
     update: Optional[int] = None
     path: Optional[str] = None

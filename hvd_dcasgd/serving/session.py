@@ -95,11 +95,26 @@ class _ServerOpening:
                 from None
         server.channel.mailboxes.sync()  # every backup is in its outbox, for the workers to read
         log.info(f"{server.telemetry.name}: resuming from update {server.updates} ({path})")
-        return Resumed(server.updates, str(path),
-                       tuple(a + r for a, r in zip(server.telemetry.pushes, server.telemetry.refused)))
+        saved = state["settings"].get("num_workers") if isinstance(state.get("settings"), dict) else None
+        if saved != server.channel.num_workers:
+            server.telemetry.note_workers(server.updates, saved, server.channel.num_workers)
+            log.info(f"{server.telemetry.name}: the checkpoint's job had {saved} workers and this one has "
+                     f"{server.channel.num_workers}: {_resize_sentence(saved, server.channel.num_workers)}; every "
+                     f"worker resumes at batch {server.base} of its shard, the even share of the "
+                     f"{server.before['applied'] + server.before['refused']} pushes taken before")
+        return Resumed(server.updates, str(path), tuple(server.position(m) for m in range(server.channel.num_workers)))
 
     def start_tensors(self, shard: int) -> List[torch.Tensor]:
         return [self.server.weights, *self.untrained_state.values()]
+
+
+def _resize_sentence(saved: int, workers: int) -> str:
+    """What a change of the number of workers does to the workers' state (:mod:`..algorithm.membership`)."""
+    if workers < saved:
+        gone = f"worker {saved - 1}" if saved - workers == 1 else f"workers {workers} to {saved - 1}"
+        return f"{gone} left (their backups and own state are dropped; nothing of theirs was pending)"
+    new = f"worker {workers - 1}" if workers - saved == 1 else f"workers {saved} to {workers - 1}"
+    return f"{new} {'joins' if workers - saved == 1 else 'join'} from the current weights"
 
 
 def run_server(

@@ -150,12 +150,13 @@ class WorkerSession:
         self.requests = [ControlRequests(rt.mpi, comm) for comm in comms]
         self.finished = False
         self._states: List[Dict[str, Any]] = []  # each server's optimizer state, from the final exchanges
-        self.pushes_before = pushes_before  # applied before this job started (a resumed job)
+        self.pushes_before = pushes_before  # the data position this job started at (a resumed job)
         self._told_servers = False  # this worker has asked the servers to stop
 
     @property
     def pushes(self) -> int:
-        """This worker's pushes the server has taken, this job and the ones it resumes."""
+        """This worker's data position: its pushes the server has taken, this job and the ones it resumes (after
+        a change of the number of workers, from the even share of everyone's)."""
         return self.pushes_before + self.worker.pushes
 
     def register_untrained_state(self, tensors: List[torch.Tensor]) -> None:

@@ -403,8 +403,12 @@ import synthetic  # noqa: E402
 FLAT = synthetic.DIM_A + synthetic.DIM_B  # a, then b: the flat vector
 
 
-def trace(path: Path):
-    return [json.loads(line) for line in path.read_text().splitlines()]
+def trace(path: Path, events: bool = False):
+    """A trace's lines of pushes and of weights sent outside a push; with
+    ``events``, its membership events too (``{"event": ...}``: a worker that
+    left or was dropped, a resume with another number of workers)."""
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    return lines if events else [r for r in lines if "event" not in r]
 
 
 def replay_exactly(records, args, workers=WORKERS, at_sent=None):
@@ -412,7 +416,7 @@ def replay_exactly(records, args, workers=WORKERS, at_sent=None):
     update (compensation, then the optimizer's step, on one flat vector),
     following the trace line by line; ``at_sent(weights, optimizer)`` is
     called where the trace says weights were sent outside a push.  Where the
-    job resumed with another number of workers (a ``"workers"`` line), the
+    job resumed with another number of workers (a ``"resized"`` event), the
     workers of both keep their backups, new ones start from the weights then,
     and every worker's data goes on at the even share of the pushes before
     (hvd_dcasgd.algorithm.membership's rule, written out here)."""
@@ -432,9 +436,11 @@ def replay_exactly(records, args, workers=WORKERS, at_sent=None):
     lrs = [group["lr"] for group in optimizer.param_groups]
     taken, base = 0, 0  # pushes applied so far; the data position every worker resumed at
     for r in records:
-        if "workers" in r:
+        if r.get("event") == "resized":
             backups = [*backups[:r["workers"]], *(weights.clone() for _ in range(r["workers"] - len(backups)))]
             base = taken // r["workers"]
+            continue
+        if "event" in r:  # a worker left: nothing to replay
             continue
         m = r["worker"]
         if "sent" in r:  # the worker got the weights of this moment, outside a push

@@ -129,11 +129,15 @@ def test_a_stopped_job_resumes_with_another_number_of_workers_exactly(tmp_path, 
     assert f"every worker resumes at batch {base} of its shard, the even share of the {stopped} pushes" in log, log
     for m in range(after):
         assert f"worker {m} starts at step {base}" in log, log
-    records = trace(tmp_path / "trace")
-    assert records[stopped] == {"workers": after, "before": before, "at": stopped}
+    records = trace(tmp_path / "trace", events=True)
+    resized = [r for r in records if r.get("event") == "resized"]
+    assert resized == [{"event": "resized", "workers": after, "before": before, "at": stopped}]
+    # the first job's pushes, then the change (its workers' leaving came at the checkpoint's update: truncated)
+    assert records.index(resized[0]) == stopped
     pushes = [r for r in records if "step" in r]
     assert [r["update"] for r in pushes] == list(range(len(pushes))), "one update per push, across the restart"
     for m in range(after):  # each worker's pushes of this job, once each, up to step 40 of its data
         assert [r["step"] for r in records[stopped + 1:] if r.get("worker") == m] == list(range(40 - base)), m
+    assert sorted(r["member"] for r in records if r.get("event") == "left") == list(range(after)), "each left once"
     check_final_weights(tmp_path, records, synthetic.parse_args(list(map(str, TRAINING))), workers=after,
                         first_workers=before)

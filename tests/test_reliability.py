@@ -295,7 +295,8 @@ def test_resuming_with_another_model_is_refused(tmp_path):
 @pytest.mark.parametrize("schedule", ["async", "sync"])
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_stalled_worker_is_dropped_and_the_others_finish(tmp_path, transport, schedule):
-    env = {"HVD_DCASGD_STALL_TIMEOUT": "2", "HVD_DCASGD_SCHEDULE": schedule}
+    env = {"HVD_DCASGD_STALL_TIMEOUT": "2", "HVD_DCASGD_SCHEDULE": schedule, "HVD_DCASGD_TRACE": str(tmp_path / "trace"),
+           "HVD_DCASGD_METRICS": str(tmp_path / "runs"), "HVD_DCASGD_METRICS_INTERVAL": "0.5"}
     # three workers: the two that go on must end with the same weights
     job = Job(tmp_path, "--bad", "hang", "--steps", 20, "--step-time", 0.02, mca=TRANSPORTS[transport], env=env,
               workers=3)
@@ -310,6 +311,24 @@ def test_a_stalled_worker_is_dropped_and_the_others_finish(tmp_path, transport, 
     final = [torch.load(tmp_path / f"worker{m}.pt", weights_only=True) for m in (0, 2)]
     assert torch.equal(final[0]["a"], final[1]["a"])
     assert time.monotonic() - job.started < 60  # not the stalled worker's 600 s
+    # membership: the drop and the others' leaving are events of the trace, and the metrics count the workers
+    events = [(r["event"], r["member"]) for r in trace(tmp_path / "trace", events=True) if "event" in r]
+    assert sorted(events) == [("dropped", 1), ("left", 0), ("left", 2)], events
+    counts = [v for _, v in _scalars(tmp_path / "runs" / "server", "workers")]
+    assert counts[-1] == 0 and all(0 <= v <= 3 for v in counts), counts
+    if schedule == "async":  # the others finish first, and the hung one is the job for 2 s
+        assert events[-1] == ("dropped", 1) and 1 in counts, (events, counts)
+    else:  # the others wait for the hung one's push in every round until it is dropped
+        assert events[0] == ("dropped", 1) and 3 in counts, (events, counts)
+
+
+def _scalars(folder, tag):
+    """(step, value) of one scalar of the server's TensorBoard event files in ``folder``."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -13,7 +13,7 @@ import pytest
 from helpers import PROGRAMS, mpirun, python
 
 WORKERS, STEPS = 2, 40
-SCALARS = {"updates", "updates_per_s", "gradients_per_s", "staleness/mean", "staleness/max", "refused",
+SCALARS = {"updates", "updates_per_s", "gradients_per_s", "staleness/mean", "staleness/max", "refused", "workers",
            "apply_seconds_per_update", "checkpoint_seconds", "compensation_ratio",
            *(f"worker{m}/{what}" for m in range(WORKERS) for what in ("pushes_per_s", "seconds_since_push"))}
 PROGRESS = re.compile(r"^\[rank \d\] hvd_dcasgd server(?: \d)?: (\d+) updates, ([\d.]+) updates/s, staleness mean ([\d.]+); "
@@ -53,6 +53,7 @@ def test_tensorboard_event_files_and_progress_lines(tmp_path):
     assert all(0 <= h.histogram_value.min <= h.histogram_value.max <= total for h in histograms)
     assert max(v for _, v in scalars["updates_per_s"]) > 0 and all(v >= 0 for _, v in scalars["gradients_per_s"])
     assert all(v == 0 for _, v in scalars["refused"])
+    assert scalars["workers"][0][1] == WORKERS and all(0 <= v <= WORKERS for _, v in scalars["workers"])
     assert all(0 <= v < 1 for _, v in scalars["apply_seconds_per_update"])
     assert scalars["checkpoint_seconds"] and all(0 < v < 60 for _, v in scalars["checkpoint_seconds"])
     ratios = [v for _, v in scalars["compensation_ratio"]]

@@ -20,6 +20,8 @@ tag                                 what it is, over the last interval
                                     weights a gradient was computed on and its own update)
 ``staleness`` (histogram)           their distribution (CSV: ``staleness:count`` pairs)
 ``refused``                         pushes refused so far (``HVD_DCASGD_SKIP_BAD_PUSHES=1``)
+``workers``                         workers in the job now (one fewer for each that left or was
+                                    dropped: :mod:`hvd_dcasgd.serving.membership`)
 ``apply_seconds_per_update``        time in the update itself (compensate and step)
 ``checkpoint_seconds``              time the last checkpoint took to write (once per checkpoint)
 ``compensation_ratio``              mean |compensated g - g| / mean |g|: how much the compensation
@@ -70,6 +72,7 @@ class Reading:
         self.staleness = Counter(telemetry.staleness)
         self.pushes = list(telemetry.pushes)
         self.refused = sum(telemetry.refused)
+        self.workers = telemetry.present
         self.apply_seconds = telemetry.apply_seconds
         self.last_push = list(telemetry.last_push)
         self.checkpoints = telemetry.checkpoints
@@ -90,6 +93,7 @@ def interval_figures(before: Reading, after: Reading) -> Dict[str, Any]:
         "staleness/mean": sum(s * n for s, n in staleness.items()) / gradients if gradients else 0.0,
         "staleness/max": max(staleness) if staleness else 0,
         "refused": after.refused,
+        "workers": after.workers,
         "apply_seconds_per_update": (after.apply_seconds - before.apply_seconds) / updates if updates else 0.0,
     }
     for m, (was, now) in enumerate(zip(before.pushes, after.pushes)):
@@ -181,7 +185,7 @@ class Metrics:
         path = metrics_folder(folder, telemetry.place)
         self.sampled = server.compensation.mode != "none" and server.compensation.schedule != "sync"
         columns = ["updates", "updates_per_s", "gradients_per_s", "staleness/mean", "staleness/max", "staleness",
-                   "refused", "apply_seconds_per_update", "checkpoint_seconds", "compensation_ratio",
+                   "refused", "workers", "apply_seconds_per_update", "checkpoint_seconds", "compensation_ratio",
                    *(f"worker{m}/{what}" for m in range(num_workers)
                      for what in ("pushes_per_s", "seconds_since_push"))]
         if tensorboard is None:

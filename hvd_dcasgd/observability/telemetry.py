@@ -41,6 +41,7 @@ class Telemetry:
         self._tag = place.trace_tag()
         self.pushes: List[int] = [0] * num_workers
         self.refused: List[int] = [0] * num_workers  # pushes the server would not apply
+        self.present = num_workers  # workers in the session now (:mod:`hvd_dcasgd.serving.membership`)
         self.staleness = Counter()
         self.updates = 0
         self.first: Optional[float] = None  # when the first gradient was applied
@@ -79,11 +80,27 @@ class Telemetry:
 
     def note_workers(self, update: int, before: int, after: int) -> None:
         """The job resumed at ``update`` with ``after`` workers where the checkpoint's had ``before``: every
-        worker's count starts again (:mod:`hvd_dcasgd.algorithm.membership`);
-        ``{"workers": after, "before": before, "at": i}``."""
+        worker's count starts again (:mod:`hvd_dcasgd.algorithm.membership`); the trace's line
+        ``{"event": "resized", "workers": after, "before": before, "at": i}``."""
+        self.num_workers = after
         self.pushes, self.refused = [0] * after, [0] * after
+        self.last_push = [None] * after
+        self._write({"event": "resized", "workers": after, "before": before, "at": update})
+
+    def note_member(self, event: str, worker: int, update: int) -> None:
+        """A worker left the session (``event``: ``left``, ``dropped``) at ``update``: the trace's line
+        ``{"event": event, "member": m, "at": i}`` (:mod:`hvd_dcasgd.serving.membership`)."""
+        self._write({"event": event, "member": worker, "at": update})
+
+    def note_present(self, workers: int) -> None:
+        """How many workers are present now (the metrics' ``workers``)."""
+        self.present = workers
+
+    def _write(self, record: Dict[str, Any]) -> None:
+        """An event's line, on disk at once (events are few)."""
         if self._trace is not None:
-            self._trace.write(json.dumps({"workers": after, "before": before, "at": update, **self._tag}) + "\n")
+            self._trace.write(json.dumps({**record, **self._tag}) + "\n")
+            self._trace.flush()
 
     def note_sizes(self, bytes_in: int, bytes_out: int) -> None:
         """The bytes of one push (learning rates and gradient) and of one answer (weights)."""

@@ -44,6 +44,7 @@ from ..protocol.stall import stall_timeout_seconds
 from ..runtime.place import OneOfServers, OnlyServer, ServerPlace
 from .checkpoints import Checkpoints, open_checkpoints
 from .cuts import Cuts
+from .membership import Membership
 
 __all__ = ["Checkpoint", "Coordination", "ModelSplit", "OneServer", "SeveralServers", "SplitModel", "WholeModel",
            "coordination_for", "model_split_for"]
@@ -70,6 +71,8 @@ class Coordination:
 
     def __init__(self, checkpoints: Optional[Checkpoints] = None):
         self.checkpoints = checkpoints
+        #: The workers present and every change (:mod:`.membership`), from :meth:`open_trace` on.
+        self.membership: Optional[Membership] = None
 
     # --- serving: asked between polls -------------------------------------
     def dropped_elsewhere(self) -> List[int]:
@@ -118,8 +121,13 @@ class Coordination:
 
     def open_trace(self, num_workers: int, path: Optional[str], slice_: Tuple[int, int],
                    resume_from: Optional[int]) -> Telemetry:
-        """This server's telemetry, appending to the trace at ``path``."""
+        """This server's telemetry, appending to the trace at ``path``, and
+        the :attr:`membership` that tells it who is present."""
         raise NotImplementedError
+
+    def _members(self, telemetry: Telemetry) -> Telemetry:
+        self.membership = Membership(telemetry)
+        return telemetry
 
     def last_checkpoint_number(self) -> Optional[int]:
         """The number of the checkpoint written at the end (``None``: the update counter's)."""
@@ -161,7 +169,7 @@ class OneServer(Coordination):
 
     def open_trace(self, num_workers: int, path: Optional[str], slice_: Tuple[int, int],
                    resume_from: Optional[int]) -> Telemetry:
-        return Telemetry(num_workers, path, resume_from=resume_from, place=self.place)
+        return self._members(Telemetry(num_workers, path, resume_from=resume_from, place=self.place))
 
     def report(self, telemetry: Telemetry) -> None:
         super().report(telemetry)
@@ -267,8 +275,8 @@ class SeveralServers(Coordination):
                 truncate_trace(path, dict(enumerate(resumed)))
         self.servers_comm.Barrier()
         start, end = slice_
-        return Telemetry(num_workers, path, resume_from=resume_from,
-                         place=replace(self.place, offset=start, numel=end - start))
+        return self._members(Telemetry(num_workers, path, resume_from=resume_from,
+                                       place=replace(self.place, offset=start, numel=end - start)))
 
     def last_checkpoint_number(self) -> Optional[int]:
         return self.cuts.number + 1  # one more cut: everything applied everywhere

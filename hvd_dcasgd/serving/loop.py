@@ -26,6 +26,7 @@ from ..protocol.transport import Backoff
 from ..runtime.lifecycle import Lifecycle
 from .checkpoints import Checkpoints
 from .coordination import Coordination, OneServer
+from .membership import Membership
 
 __all__ = ["REQUESTS_INTERVAL", "save", "save_answering", "serve"]
 
@@ -109,6 +110,9 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
     coordination = OneServer() if coordination is None else coordination
     lifecycle = Lifecycle() if lifecycle is None else lifecycle
     channel = server.channel
+    if coordination.membership is None:  # a coordination that opened no trace (a server built by hand)
+        coordination.membership = Membership(server.telemetry)
+    membership = coordination.membership
     synchronous = server.compensation.schedule == "sync"
     backoff = Backoff(max_sleep=1e-4)
     answered: List[int] = []
@@ -120,10 +124,12 @@ def serve(server: ParameterServer, coordination: Optional[Coordination] = None,
             requests_at = time.monotonic()
         for m in coordination.dropped_elsewhere():  # the poll counts them as gone
             channel.drop(m)
+            membership.dropped(m, server.updates)
         ready, left = channel.poll()
         monitor.tick(left)
         if watch is not None:
             _drop_silent(server, coordination, watch, ready, left)
+        membership.seen(left, server.updates)
         stopped = lifecycle.stopped
         asked = not stopped and (channel.stop_asked or lifecycle.asked_to_stop)
         stopping_now = coordination.stops_now(asked)
@@ -181,6 +187,7 @@ def _drop_silent(server: ParameterServer, coordination: Coordination, watch: Sta
     for m in watch.silent_past(owes, timeout):
         server.channel.drop(m)
         coordination.dropped(m)
+        coordination.membership.dropped(m, server.updates)
         left[m] = True
         log.warning(f"hvd_dcasgd: {watch.names[m]} has not pushed for {timeout:g} s (HVD_DCASGD_STALL_TIMEOUT): "
                     "dropped; the other workers carry on without it")

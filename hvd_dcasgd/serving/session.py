@@ -97,7 +97,7 @@ class _ServerOpening:
         log.info(f"{server.telemetry.name}: resuming from update {server.updates} ({path})")
         saved = state["settings"].get("num_workers") if isinstance(state.get("settings"), dict) else None
         if saved != server.channel.num_workers:
-            server.telemetry.note_workers(server.updates, saved, server.channel.num_workers)
+            self.coordination.membership.resized(server.updates, saved, server.channel.num_workers)
             log.info(f"{server.telemetry.name}: the checkpoint's job had {saved} workers and this one has "
                      f"{server.channel.num_workers}: {_resize_sentence(saved, server.channel.num_workers)}; every "
                      f"worker resumes at batch {server.base} of its shard, the even share of the "

@@ -122,6 +122,7 @@ class ServerSession:
             flush()
         self.lifecycle.finish()
         if dropped:
+            server.telemetry.close()  # the trace's last lines on disk (the windows, kept open, never close it)
             names = ", ".join(self.names[m] for m in dropped)
             end_without_dropped(self.rt, comms[0], f"hvd_dcasgd: {names} stopped pushing and was dropped after "
                                                    f"{stall_timeout_seconds():g} s (HVD_DCASGD_STALL_TIMEOUT); the "

@@ -23,6 +23,8 @@ needs_horovod = pytest.mark.usefixtures("horovod_required")
 AGREEMENT = PROGRAMS / "horovod_agreement.py"
 PLAIN = ROOT / "examples" / "pytorch_digits_horovod.py"
 OURS = ROOT / "examples" / "pytorch_digits.py"
+ELASTIC_PLAIN = ROOT / "examples" / "pytorch_digits_elastic_horovod.py"
+ELASTIC = ROOT / "examples" / "pytorch_digits_elastic.py"
 WITHOUT_HOROVOD = {"HVD_DCASGD_HOROVOD": "0"}
 
 
@@ -123,10 +125,25 @@ def test_a_bad_horovod_setting_is_reported_not_taken_for_a_missing_mpi():
     assert "MPI is not available" not in result.stdout
 
 
-def test_the_drop_in_example_differs_from_horovods_by_its_import_only():
-    plain, ours = PLAIN.read_text().splitlines(), OURS.read_text().splitlines()
+@pytest.mark.parametrize("plain,ours", [(PLAIN, OURS), (ELASTIC_PLAIN, ELASTIC)], ids=["drop-in", "elastic"])
+def test_the_drop_in_examples_differ_from_horovods_by_their_import_only(plain, ours):
+    plain, ours = plain.read_text().splitlines(), ours.read_text().splitlines()
     changed = [line for line in difflib.unified_diff(plain, ours, lineterm="", n=0) if line[:1] in "+-"]
     assert changed == ["--- ", "+++ ", "-import horovod.torch as hvd", "+import hvd_dcasgd as hvd"], changed
+
+
+@pytest.mark.mpi
+@pytest.mark.slow
+def test_horovods_elastic_example_with_only_its_import_changed_trains_asynchronously():
+    """Elastic Horovod's form (hvd.elastic.run, TorchState, a commit every batch, reset callbacks) under
+    mpirun: each worker runs the training function once, to the end of its epochs, and the test set's
+    accuracy is a trained model's."""
+    result = mpirun(3, ELASTIC, "--epochs", 4, timeout=240)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "Train Epoch: 4 [0/" in result.stdout and "Train Epoch: 5" not in result.stdout, result.stdout[-3000:]
+    assert result.stdout.count("Test set: Average loss") == 1
+    assert final_accuracy(result.stdout) > 0.8
+    assert "hvd_dcasgd server: " in result.stdout, result.stdout[-2000:]  # the parameter server ran
 
 
 @pytest.mark.mpi
@@ -250,10 +267,10 @@ def test_every_public_name_of_horovod_torch_exists():
 
 def test_what_cannot_mean_anything_here_says_why():
     probe = ("import hvd_dcasgd as hvd\nhvd.init()\n"
-             "for use in (lambda: hvd.elastic.run, lambda: hvd.start_timeline('t.json')):\n"
+             "for use in (lambda: hvd.elastic.ElasticSampler, lambda: hvd.start_timeline('t.json')):\n"
              "    try:\n        use()\n    except hvd.HvdDcasgdError as e:\n        print('refused:', e)")
     result = run([sys.executable, "-c", probe], env=WITHOUT_HOROVOD)
-    assert "refused: hvd_dcasgd: Horovod's elastic mode (hvd.elastic.run) is not supported" in result.stdout
+    assert "refused: hvd_dcasgd: hvd.elastic.ElasticSampler is not offered: it splits the samples" in result.stdout
     assert "refused: hvd_dcasgd: start_timeline records Horovod's collectives" in result.stdout, result.stdout
 
 

@@ -1,8 +1,10 @@
 """Membership: a job resumed with another number of workers than the one
-that wrote its checkpoint (hvd_dcasgd.algorithm.membership).  The server's
-own state first, then real jobs under the real ``mpirun``, stopped by SIGTERM
-and resumed with fewer and with more workers, whose final weights must be
-the replay of their whole trace, bit for bit."""
+that wrote its checkpoint (hvd_dcasgd.algorithm.membership), and each change
+of who is present as one event (hvd_dcasgd.serving.membership).  The
+server's own state first, then real jobs under the real ``mpirun``, stopped
+by SIGTERM and resumed with fewer and with more workers, whose final weights
+must be the replay of their whole trace, bit for bit (a drop's events:
+test_reliability.py's stall tests)."""
 
 import signal
 import time
@@ -13,6 +15,8 @@ import torch
 from hvd_dcasgd.algorithm.compensation import Compensation
 from hvd_dcasgd.algorithm.update import lr_factor
 from hvd_dcasgd.common.errors import HvdDcasgdValueError
+from hvd_dcasgd.observability.telemetry import Telemetry
+from hvd_dcasgd.serving.membership import Membership
 
 from helpers import (TRAINING, Job, apply_pushes, assert_same, check_final_weights, fresh_server, push_gradient,
                      run_job, synthetic, trace)
@@ -98,6 +102,17 @@ def test_horovods_rate_scaling_follows_the_number_of_workers_and_other_settings_
         other.load_state_dict(state)
 
 
+def test_a_state_lacking_a_part_is_refused_with_a_sentence_and_changes_nothing():
+    comp, _, state = _saved()
+    del state["sent_at"]
+    resumed = fresh_server("sgd-momentum-wd", comp, seed=7, num_workers=2)
+    before = resumed.state_dict()
+    with pytest.raises(HvdDcasgdValueError, match="saved by a job of 3 workers cannot be taken on by this one of 2: "
+                                                  "it lacks or misshapes a part"):
+        resumed.load_state_dict(state)
+    assert_same(resumed.state_dict(), before)
+
+
 def test_a_state_saved_before_the_counts_of_earlier_workers_loads():
     comp, original, state = _saved()
     del state["before"], state["base"]
@@ -105,6 +120,25 @@ def test_a_state_saved_before_the_counts_of_earlier_workers_loads():
     resumed.load_state_dict(state)
     assert resumed.before == {"applied": 0, "refused": 0} and resumed.base == 0
     assert [resumed.position(m) for m in range(3)] == original.telemetry.pushes
+
+
+def test_each_change_of_who_is_present_is_one_event_of_the_trace_and_the_count(tmp_path):
+    telemetry = Telemetry(4, str(tmp_path / "trace"))
+    members = Membership(telemetry)
+    assert members.count == telemetry.present == 4
+    members.seen([False] * 4, update=3)  # nobody gone: nothing written
+    members.dropped(2, update=5)
+    members.seen([False, False, True, False], update=6)  # the dropped one, as the next poll sees it: no second event
+    members.seen([True, False, True, True], update=9)
+    members.dropped(3, update=10)  # gone already (left): not dropped as well
+    assert members.present == [False, True, False, False] and members.count == telemetry.present == 1
+    members.resized(12, before=4, after=2)
+    assert members.present == [True, True] and telemetry.present == 2 and telemetry.pushes == [0, 0]
+    telemetry.close()
+    assert trace(tmp_path / "trace", events=True) == [
+        {"event": "dropped", "member": 2, "at": 5}, {"event": "left", "member": 0, "at": 9},
+        {"event": "left", "member": 3, "at": 9}, {"event": "resized", "workers": 2, "before": 4, "at": 12}]
+    assert trace(tmp_path / "trace") == [], "no event is a push"
 
 
 # --- real jobs ---------------------------------------------------------------

@@ -34,11 +34,11 @@ either job (MPI rank m + 1 of each server's session).
 * **The data position is re-split evenly.**  Every worker of the new job
   resumes at the even share of all the pushes taken before,
   ``base = (before["applied"] + before["refused"]) // M'``, plus its own
-  pushes since (:func:`position`).  With ``DistributedSampler`` shards of
-  the same shuffled order, M workers that took b batches each covered the
-  order's first M * b samples, and M' workers that skip ``base`` batches
-  each cover its first M' * base: they differ by less than one batch per
-  worker.  Workers that ran at different speeds covered more of some shards
+  pushes since (:meth:`.server.ParameterServer.position`).  With
+  ``DistributedSampler`` shards of the same shuffled order, M workers that
+  took b batches each covered the order's first M * b batches, and M'
+  workers that skip ``base`` batches each cover its first M' * base: these
+  differ by fewer than M' batches, which the new job takes again.  Workers that ran at different speeds covered more of some shards
   than of others; the even share keeps the count of samples taken in the
   epoch, not which ones.
 
@@ -54,14 +54,7 @@ from typing import Any, Dict, List
 
 import torch
 
-__all__ = ["position", "resized_state"]
-
-
-def position(state: Dict[str, Any], worker: int) -> int:
-    """Worker ``worker``'s data position in a server state: the batches of its
-    shard taken, ``base`` plus its own pushes taken (applied or refused) since
-    the number of workers last changed."""
-    return int(state.get("base", 0)) + int(state["pushes"][worker]) + int(state["refused"][worker])
+__all__ = ["resized_state"]
 
 
 def resized_state(state: Dict[str, Any], num_workers: int, lr_factor: float,

@@ -358,11 +358,17 @@ class ParameterServer:
                 and state["settings"]["num_workers"] >= 1):
             return state
         per_worker = {name: scope == PER_WORKER for name, scope in self.update.state.scopes.items()}
-        return resized_state(state, self.channel.num_workers, self.update.lr_factor, per_worker)
+        try:
+            return resized_state(state, self.channel.num_workers, self.update.lr_factor, per_worker)
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise HvdDcasgdValueError(f"hvd_dcasgd: the state saved by a job of {state['settings']['num_workers']} "
+                                      f"workers cannot be taken on by this one of {self.channel.num_workers}: it "
+                                      f"lacks or misshapes a part ({type(exc).__name__}: {exc})") from None
 
     def position(self, worker: int) -> int:
         """Worker ``worker``'s data position: the batches of its shard taken, this job and the ones it
-        resumes, even after the number of workers changed (:func:`.membership.position`)."""
+        resumes -- after a change of the number of workers, the even share of everyone's pushes before it
+        (``base``) plus its own since (:mod:`.membership`)."""
         return self.base + self.applied(worker)
 
     def _check_state(self, state: Dict[str, Any]) -> None:

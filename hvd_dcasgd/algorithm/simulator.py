@@ -176,7 +176,7 @@ class TraceOrder(DelayModel):
     def __init__(self, path: str):
         with open(path) as lines:
             records = [json.loads(line) for line in lines if line.strip()]
-        pushes = [r for r in records if "worker" in r and "update" in r]  # pushes (not a "sent" or "workers" line)
+        pushes = [r for r in records if "worker" in r and "update" in r]  # pushes (not a "sent" line or an event)
         self.order = [r["worker"] for r in sorted(pushes, key=lambda r: r["update"])]
         self.trace_workers = 1 + max(self.order, default=0)
 

@@ -40,16 +40,12 @@ class Membership:
     def __init__(self, telemetry: Telemetry):
         self.telemetry = telemetry
         self.present: List[bool] = [True] * telemetry.num_workers
-        telemetry.note_present(len(self.present))
-
-    @property
-    def count(self) -> int:
-        """How many workers are present."""
-        return sum(self.present)
+        self.count = len(self.present)  # how many are present
+        telemetry.note_present(self.count)
 
     def resized(self, update: int, before: int, after: int) -> None:
         """The job resumed at ``update`` with ``after`` workers where its checkpoint's job had ``before``."""
-        self.present = [True] * after
+        self.present, self.count = [True] * after, after
         self.telemetry.note_workers(update, before, after)
         self.telemetry.note_present(after)
 
@@ -69,5 +65,6 @@ class Membership:
 
     def _gone(self, worker: int, event: str, update: int) -> None:
         self.present[worker] = False
+        self.count -= 1
         self.telemetry.note_member(event, worker, update)
         self.telemetry.note_present(self.count)

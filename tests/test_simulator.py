@@ -1,5 +1,6 @@
 """The simulator: deterministic, each delay model orders pushes as it says,
-a trace replays in its order, one worker is plain torch SGD."""
+a trace replays in its order (changes of the number of workers included),
+one worker is plain torch SGD."""
 
 import json
 
@@ -8,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from helpers import BATCH, SAMPLES, digits_data, digits_model, lr_of_epoch
+from hvd_dcasgd.common.errors import HvdDcasgdValueError
 from hvd_dcasgd.algorithm.simulator import (
     EventDriven, RandomOrder, RoundRobin, TraceOrder, error_rate, simulate, steps_per_epoch, worker_batches,
 )
@@ -16,10 +18,10 @@ torch.set_num_threads(1)
 EPOCHS = 2
 
 
-def _run(mode="adaptive", workers=4, delay=None, seed=0, trace=None, epochs=EPOCHS):
+def _run(mode="adaptive", workers=4, delay=None, seed=0, trace=None, epochs=EPOCHS, membership=()):
     train, test = digits_data()
     return simulate(digits_model, train, test, compensation=mode, workers=workers, epochs=epochs, batch_size=BATCH,
-                    lr=lr_of_epoch, delay=delay, seed=seed, trace=trace)
+                    lr=lr_of_epoch, delay=delay, seed=seed, trace=trace, membership=membership)
 
 
 def _trace(path):
@@ -53,6 +55,40 @@ def test_trace_replay_follows_the_traces_order(tmp_path):
     assert len(set(s for _, s in order)) > 2, "a random order mixes staleness values"
     assert [(r["worker"], r["staleness"]) for r in _trace(tmp_path / "replay.jsonl")] == order
     assert torch.equal(recorded.weights, replayed.weights)
+
+
+def test_a_change_to_the_same_number_of_workers_loses_nothing():
+    """The change's path -- the server's state taken on by a new server, every worker's data from its
+    position -- ends where the run without it does, bit for bit."""
+    plain = _run(delay=RandomOrder(), seed=2)
+    changed = _run(delay=RandomOrder(), seed=2, membership=[(17, 4), (40, 4)])
+    assert torch.equal(plain.weights, changed.weights) and plain.staleness == changed.staleness
+    assert plain.updates == changed.updates and plain.samples == changed.samples
+
+
+@pytest.mark.parametrize("changes", [[(20, 2)], [(10, 6), (30, 3)]], ids=["4-to-2", "4-to-6-to-3"])
+def test_a_trace_with_changes_of_the_number_of_workers_replays_bit_for_bit(tmp_path, changes):
+    recorded = _run(delay=RandomOrder(), seed=4, trace=tmp_path / "random.jsonl", membership=changes)
+    order = TraceOrder(str(tmp_path / "random.jsonl"))
+    assert order.membership == changes, "the trace holds each change"
+    replayed = _run(delay=order, seed=4, trace=tmp_path / "replay.jsonl", membership=order.membership)
+    assert torch.equal(recorded.weights, replayed.weights) and recorded.updates == replayed.updates
+    records = _trace(tmp_path / "random.jsonl")
+    events = [r for r in records if r.get("event") == "resized"]
+    assert [(r["at"], r["workers"]) for r in events] == changes
+    workers, last = 4, 0  # between two changes, only that many workers push
+    for at, after in [*changes, (recorded.updates, None)]:
+        pushed = {r["worker"] for r in records if "step" in r and last <= r["update"] < at}
+        assert pushed <= set(range(workers)) and len(pushed) > 1, (last, at, pushed)
+        workers, last = after, at
+    assert sum(recorded.staleness.values()) == recorded.updates, "every applied gradient counted once"
+    plain = _run(delay=RandomOrder(), seed=4)
+    assert not torch.equal(plain.weights, recorded.weights), "the changes changed the run"
+
+
+def test_an_event_driven_delay_takes_no_change_of_the_number_of_workers():
+    with pytest.raises(HvdDcasgdValueError, match="one step time per worker"):
+        _run(delay=EventDriven.homogeneous(4), membership=[(5, 2)])
 
 
 def test_trace_order_skips_finished_workers_then_takes_turns(tmp_path):

@@ -179,9 +179,11 @@ class TraceOrder(DelayModel):
         pushes = [r for r in records if "worker" in r and "update" in r]  # pushes (not a "sent" line or an event)
         self.order = [r["worker"] for r in sorted(pushes, key=lambda r: r["update"])]
         self.trace_workers = 1 + max(self.order, default=0)
+        #: The trace's changes of the number of workers, (update, workers), for :func:`simulate`'s ``membership``.
+        self.membership = [(r["at"], r["workers"]) for r in records if r.get("event") == "resized"]
 
     def reset(self, workers: int, generator: torch.Generator) -> None:
-        if self.trace_workers > workers:
+        if self.trace_workers > workers and not self.membership:
             raise HvdDcasgdValueError(f"hvd_dcasgd: the trace has {self.trace_workers} workers, the simulation {workers}")
         super().reset(workers, generator)
         self.position = 0
@@ -221,14 +223,15 @@ def checksum(weights: torch.Tensor) -> str:
 
 
 def _server(model: torch.nn.Module, optimizer: torch.optim.Optimizer, compensation: Compensation, workers: int,
-            trace: Optional[str]) -> ParameterServer:
-    """The project's ParameterServer over real windows on this rank alone."""
+            trace: Optional[str], resume_from: Optional[int] = None) -> ParameterServer:
+    """The project's ParameterServer over real windows on this rank alone
+    (``resume_from``: the trace goes on from that update)."""
     layout = ModelLayout.of(optimizer, model.named_parameters(), model)
     if layout.untrained_state:
         raise HvdDcasgdValueError("hvd_dcasgd: the simulator takes models without buffers or frozen parameters "
                                   "(a real run keeps BatchNorm statistics per worker)")
     return open_server(load_mpi().COMM_SELF, optimizer, layout, compensation, num_workers=workers,
-                       telemetry=Telemetry(workers, trace), staged=False)
+                       telemetry=Telemetry(workers, trace, resume_from=resume_from), staged=False)
 
 
 def error_rate(model: torch.nn.Module, data: Dataset) -> float:
@@ -258,6 +261,7 @@ def simulate(
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
     trace: Optional[str] = None,
     until: Optional[float] = None,
+    membership: Sequence[Tuple[int, int]] = (),
 ) -> Simulation:
     """Train ``model()`` (built after ``torch.manual_seed(seed)``) with
     ``workers`` virtual workers for ``epochs`` epochs and return its test
@@ -275,9 +279,24 @@ def simulate(
     arriving later is not applied, ``epochs`` only sets the schedule (virtual
     epoch ``e`` is the time ``e * until / epochs``, when the test error is
     taken and at which ``lr`` is asked), and the rate of a push is the one at
-    its arrival."""
+    its arrival.
+
+    ``membership`` changes the number of workers: at each (update, M') the
+    job goes on with M' workers, as a job resumed from a checkpoint of that
+    moment with M' workers does -- the server's state is taken on by a server
+    of M' workers (:mod:`.membership`), the trace notes the change, and each
+    worker's data goes on at its position (:meth:`.server.ParameterServer.position`)
+    in the shards of M' workers.  :attr:`TraceOrder.membership` gives a
+    trace's own changes.  Event-driven delays keep one step time per worker,
+    so they take no change."""
     compensation = compensation if isinstance(compensation, Compensation) else Compensation(compensation)
     delay = RoundRobin() if delay is None else delay
+    changes = sorted(membership)
+    if changes and isinstance(delay, EventDriven):
+        raise HvdDcasgdValueError("hvd_dcasgd: an event-driven delay has one step time per worker, so the number "
+                                  "of workers cannot change under it (membership=)")
+    if any(after < 1 for _, after in changes):
+        raise HvdDcasgdValueError(f"hvd_dcasgd: every change of membership= leaves at least one worker, not {changes}")
     torch.manual_seed(seed)
     net = model()
     steps = torch.optim.SGD(net.parameters(), lr=lr(0)) if optimizer is None else optimizer(net.parameters())
@@ -290,13 +309,41 @@ def simulate(
         for p, view in zip(params, server.layout.views(held)):
             p.data = view
         x, y = train
-        per_worker = [steps_per_epoch(len(y), m, workers, batch_size) for m in range(workers)]
         drawn_epochs = epochs if until is None else 1 << 20  # a timed worker draws as long as it has time
-        batches = [worker_batches(len(y), m, workers, batch_size, drawn_epochs, seed) for m in range(workers)]
-        remaining = [epochs * n if until is None else math.inf for n in per_worker]
-        done = [0] * workers
         epoch_time = None if until is None else until / epochs
         samples = 0
+
+        def shards(positions: Sequence[int]) -> None:
+            """Each worker's steps per epoch, batches from its position on, steps left and taken."""
+            nonlocal per_worker, batches, remaining, done
+            count = len(positions)
+            per_worker = [steps_per_epoch(len(y), m, count, batch_size) for m in range(count)]
+            batches = [worker_batches(len(y), m, count, batch_size, drawn_epochs, seed) for m in range(count)]
+            for m, position in enumerate(positions):
+                for _ in range(position):
+                    next(batches[m], None)
+            remaining = [max(0, epochs * n - p) if until is None else math.inf for n, p in zip(per_worker, positions)]
+            done = list(positions)
+
+        staleness: Counter = Counter()  # of the servers before the last change of membership
+        per_worker: List[int] = []
+        batches: List[Iterator[Tuple[int, torch.Tensor]]] = []
+        remaining: List[float] = []
+        done: List[int] = []
+        shards([0] * workers)
+
+        def resize(after: int) -> None:
+            """The job goes on with ``after`` workers from this update (see ``membership``)."""
+            nonlocal server, workers
+            state, before = server.state_dict(), workers
+            staleness.update(server.telemetry.staleness)  # the new server's telemetry counts from here
+            server.free()
+            server = _server(net, steps, compensation, after, trace, resume_from=state["updates"])
+            server.load_state_dict(state)
+            if after != before:  # as a resumed job's trace notes it
+                server.telemetry.note_workers(server.updates, before, after)
+            workers = after
+            shards([server.position(m) for m in range(after)])
 
         def push(m: int) -> None:
             """Worker m computes its next gradient on w_bak(m) and leaves it in its inbox."""
@@ -323,7 +370,12 @@ def simulate(
         errors: List[float] = []
         times: List[float] = []
         per_epoch, applied = sum(per_worker), 0
-        while any(remaining):
+        while True:
+            while changes and server.updates >= changes[0][0]:
+                resize(changes.pop(0)[1])
+                per_epoch = sum(per_worker)
+            if not any(remaining):
+                break
             active = [m for m in range(workers) if remaining[m]]
             if compensation.schedule == "sync":
                 delay.next_round(active)
@@ -347,7 +399,8 @@ def simulate(
                 times.append(delay.now)
         evaluate_until(until or 0.0)
         final = error_rate(net, test)
-        return Simulation(errors, final, server.weights.clone(), server.updates, Counter(server.telemetry.staleness),
-                          times, samples, delay.now if until is None else until)
+        return Simulation(errors, final, server.weights.clone(), server.updates,
+                          staleness + Counter(server.telemetry.staleness), times, samples,
+                          delay.now if until is None else until)
     finally:
         server.free()

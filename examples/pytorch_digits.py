@@ -21,9 +21,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 import torch.utils.data.distributed
-from sklearn.datasets import load_digits
 
 import hvd_dcasgd as hvd
+
+from digits_data import digits  # scikit-learn's digits, this folder's stand-in for MNIST
 
 # Training settings
 parser = argparse.ArgumentParser(description="PyTorch digits example")
@@ -58,16 +59,6 @@ class Net(nn.Module):
         x = F.dropout(x, p=0.1, training=self.training)
         x = self.fc2(x)
         return F.log_softmax(x, dim=1)
-
-
-def digits(train):
-    """scikit-learn's digits as (1, 8, 8) images; the same 80/20 split everywhere."""
-    images, labels = load_digits(return_X_y=True)
-    x = torch.tensor(images, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
-    y = torch.tensor(labels)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    split = order[len(y) // 5 :] if train else order[: len(y) // 5]
-    return torch.utils.data.TensorDataset(x[split], y[split])
 
 
 def train(args):

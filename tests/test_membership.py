@@ -160,6 +160,9 @@ def test_a_stopped_job_resumes_with_another_number_of_workers_exactly(tmp_path, 
     base = stopped // after
     assert f"resuming from update {stopped}" in log, log
     assert f"the checkpoint's job had {before} workers and this one has {after}" in log, log
+    said = {(4, 3): "worker 3 left (its last weights and own state are dropped; nothing of it was pending)",
+            (2, 3): "worker 2 joins from the current weights"}[before, after]
+    assert said in log, log
     assert f"every worker resumes at batch {base} of its shard, the even share of the {stopped} pushes" in log, log
     for m in range(after):
         assert f"worker {m} starts at step {base}" in log, log

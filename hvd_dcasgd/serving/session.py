@@ -111,8 +111,10 @@ class _ServerOpening:
 def _resize_sentence(saved: int, workers: int) -> str:
     """What a change of the number of workers does to the workers' state (:mod:`..algorithm.membership`)."""
     if workers < saved:
-        gone = f"worker {saved - 1}" if saved - workers == 1 else f"workers {workers} to {saved - 1}"
-        return f"{gone} left (their backups and own state are dropped; nothing of theirs was pending)"
+        if saved - workers == 1:
+            return f"worker {saved - 1} left (its last weights and own state are dropped; nothing of it was pending)"
+        return (f"workers {workers} to {saved - 1} left (their last weights and own state are dropped; nothing of "
+                "theirs was pending)")
     new = f"worker {workers - 1}" if workers - saved == 1 else f"workers {saved} to {workers - 1}"
     return f"{new} {'joins' if workers - saved == 1 else 'join'} from the current weights"
 

@@ -91,22 +91,37 @@ esac
 # SLURM requeues (scontrol requeue, preemption) is requeued by SLURM.  The
 # advance signal (to this script, or to the ranks only without "B:") and
 # the time limit's own SIGTERM requeue it.
-ranks="" stopping="" cancelled=""
+ranks="" stopping="" cancelled="" limit_at="" requeued=""
 # Where the stop was asked, to find the checkpoints written since.
 ASKED="$HVD_DCASGD_CHECKPOINT_DIR/.stop-asked"
 # The time limit, read now (a cancel moves the job's end time to its own).
 END_TIME=""
+# How long SLURM waits after the time limit's SIGTERM before it kills what is
+# left of the job, this script included.
+KILL_WAIT=30
 if [ -n "${SLURM_JOB_ID:-}" ]; then
     end="$(timeout 10 squeue --noheader --jobs="$SLURM_JOB_ID" --format=%e 2>/dev/null || true)"
     if [[ "$end" =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]+$ ]]; then END_TIME="$(date -d "$end" +%s)"; fi
+    wait_s="$(timeout 10 scontrol show config 2>/dev/null | sed -n 's/^KillWait *= *\([0-9]*\) sec.*/\1/p' || true)"
+    if [[ "$wait_s" =~ ^[0-9]+$ ]]; then KILL_WAIT="$wait_s"; fi
 fi
 stop() {
     case "$1" in
-        TERM|INT) if [ -z "$END_TIME" ] || [ "$(date +%s)" -lt "$((END_TIME - 2))" ]; then cancelled=1; fi ;;
+        TERM|INT) if [ -z "$END_TIME" ] || [ "$(date +%s)" -lt "$((END_TIME - 2))" ]; then cancelled=1
+                  elif [ -z "$limit_at" ]; then limit_at="$(date +%s)"; fi ;;
     esac
     if [ -z "$stopping" ]; then mkdir -p "$HVD_DCASGD_CHECKPOINT_DIR" && touch "$ASKED" || true; fi
     stopping=1
     [ -z "$ranks" ] || kill -USR1 "$ranks" 2>/dev/null || true
+}
+# Every server has written a checkpoint since the stop was asked.
+saved_since_stop() {
+    [ -f "$ASKED" ] && [ "$(find "$HVD_DCASGD_CHECKPOINT_DIR" -name 'checkpoint-*.pt' -newer "$ASKED" | wc -l)" -ge "$SERVERS" ]
+}
+requeue() {
+    requeued=1
+    echo "$NAME: the job was stopped and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; requeueing job $SLURM_JOB_ID, which resumes from it$1."
+    scontrol requeue "$SLURM_JOB_ID" || echo "$NAME: scontrol requeue $SLURM_JOB_ID failed: submit the job again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR to resume." >&2
 }
 trap 'stop USR1' USR1
 trap 'stop TERM' TERM
@@ -114,25 +129,34 @@ trap 'stop INT' INT
 "${LAUNCH[@]}" &
 ranks=$!
 [ -z "$stopping" ] || stop AGAIN  # told to stop while starting them
-while :; do
-    status=0
-    wait "$ranks" || status=$?
-    kill -0 "$ranks" 2>/dev/null || break  # a signal interrupted the wait: wait again
+# Wait for the ranks, a second at a time (a signal ends the wait at once).
+# SLURM kills this script KILL_WAIT seconds after the time limit's SIGTERM,
+# whether or not the ranks have exited: ranks slow to exit (a loaded node,
+# srun ending the step) must not cost the requeue, so 10 s before that, a
+# job whose servers have all saved since the stop is requeued while its
+# ranks are still on their way out.
+while kill -0 "$ranks" 2>/dev/null; do
+    if [ -n "$limit_at" ] && [ -z "$requeued" ] && [ -n "${SLURM_JOB_ID:-}" ] \
+        && [ "$(date +%s)" -ge "$((limit_at + KILL_WAIT - 10))" ] && saved_since_stop; then
+        requeue " (its ranks are still exiting, and SLURM ends this script ${KILL_WAIT} s after the time limit)"
+    fi
+    sleep 1 &
+    wait $! 2>/dev/null || true
 done
+status=0
+wait "$ranks" || status=$?
 # srun --kill-on-bad-exit ends the step as soon as one rank exits with 75:
 # on several nodes the ranks of another node may still be on their way out,
 # and are then killed (srun's status is theirs).  A job told to stop whose
 # servers all wrote a checkpoint since is preempted all the same.
-if [ -n "$stopping" ] && [ "$status" -ne 0 ] && [ "$status" -ne 75 ] && [ -f "$ASKED" ] \
-    && [ "$(find "$HVD_DCASGD_CHECKPOINT_DIR" -name 'checkpoint-*.pt' -newer "$ASKED" | wc -l)" -ge "$SERVERS" ]; then
+if [ -n "$stopping" ] && [ "$status" -ne 0 ] && [ "$status" -ne 75 ] && saved_since_stop; then
     echo "$NAME: $LAUNCHER ended with status $status after the stop, and every server wrote a checkpoint since: preempted (75)."
     status=75
 fi
 rm -f "$ASKED"
-if [ "$status" -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ]; then
+if [ "$status" -eq 75 ] && [ -n "${SLURM_JOB_ID:-}" ] && [ -z "$requeued" ]; then
     if [ -z "$cancelled" ]; then
-        echo "$NAME: the job was stopped and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; requeueing job $SLURM_JOB_ID, which resumes from it."
-        scontrol requeue "$SLURM_JOB_ID" || echo "$NAME: scontrol requeue $SLURM_JOB_ID failed: submit the job again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR to resume." >&2
+        requeue ""
     else
         echo "$NAME: the job was stopped before its time limit (cancelled, or requeued by SLURM) and saved a checkpoint in $HVD_DCASGD_CHECKPOINT_DIR; a requeued job, or the job submitted again with HVD_DCASGD_CHECKPOINT_DIR=$HVD_DCASGD_CHECKPOINT_DIR, resumes from it."
     fi

@@ -164,18 +164,22 @@ def test_a_preempted_job_requeues_itself_and_passes_the_status_on(stand_ins, sta
         assert "one_node.sbatch: the job was stopped and saved a checkpoint in" in result.stdout
 
 
-def _signal_one_node_script(stand_ins, number, squeue=None):
-    """Run ``one_node.sbatch`` with stand-in ``srun`` ranks (they say so on
-    USR1 and exit 75) and ``scontrol`` (it echoes), send ``number`` to the
-    batch script once the ranks started; its status and output."""
-    executable(stand_ins / "bin" / "srun", "#!/bin/bash\ntrap 'echo ranks got USR1; exit 75' USR1\n"
+RANKS_STOP = "echo ranks got USR1; exit 75"
+
+
+def _signal_one_node_script(stand_ins, number, squeue=None, on_usr1=RANKS_STOP, scontrol=""):
+    """Run ``one_node.sbatch`` with stand-in ``srun`` ranks (on USR1 they run
+    ``on_usr1``: by default they say so and exit 75) and ``scontrol`` (it
+    echoes, after ``scontrol``'s lines), send ``number`` to the batch script
+    once the ranks started; its status and output."""
+    executable(stand_ins / "bin" / "srun", f"#!/bin/bash\ntrap '{on_usr1}' USR1\n"
                                            "echo ranks started\nfor i in $(seq 300); do sleep 0.1; done\nexit 9\n")
-    executable(stand_ins / "bin" / "scontrol", "#!/bin/sh\necho \"scontrol $*\"\n")
+    executable(stand_ins / "bin" / "scontrol", f"#!/bin/sh\n{scontrol}echo \"scontrol $*\"\n")
     if squeue is not None:
         executable(stand_ins / "bin" / "squeue", squeue)
     env = {**os.environ, "PATH": f"{stand_ins / 'bin'}{os.pathsep}{os.environ['PATH']}", "HVD_DCASGD_LAUNCHER": "srun",
            "HVD_DCASGD_REPO": str(ROOT), "HVD_DCASGD_VENV": str(stand_ins / "venv"), "SLURM_NTASKS": "3",
-           "SLURM_JOB_ID": "7"}
+           "SLURM_JOB_ID": "7", "HVD_DCASGD_CHECKPOINT_DIR": str(stand_ins / "checkpoints")}
     # SLURM starts a batch script with every signal's default action; a test run started in the background
     # (`pytest ... &`) has SIGINT ignored, which bash would inherit and could then not trap
     script = subprocess.Popen(["bash", str(ROOT / "slurm" / "one_node.sbatch")], env=env, stdout=subprocess.PIPE,
@@ -204,6 +208,32 @@ def test_only_a_stop_before_the_time_limit_by_term_or_int_leaves_the_job_cancell
     assert status == 75, out
     assert ("scontrol requeue 7" in out) == requeued, out
     assert ("stopped before its time limit (cancelled, or requeued by SLURM)" in out) != requeued, out
+
+
+def test_at_the_time_limit_a_saved_job_is_requeued_before_slurm_kills_the_script(stand_ins):
+    """SLURM kills the batch script ``KillWait`` seconds after the time
+    limit's SIGTERM, whether or not the ranks have exited: ranks that saved
+    their checkpoint but are slow to exit must not cost the requeue."""
+    ends_now = "#!/bin/sh\ndate +%Y-%m-%dT%H:%M:%S\n"  # squeue: the job ends now, so SIGTERM is the time limit's
+    kill_wait = 'case "$*" in "show config") echo "KillWait                = 12 sec";; esac\n'
+    # the ranks save a checkpoint at once, then take 6 s to exit
+    slow_exit = ('echo ranks got USR1; sleep 0.1; touch "$HVD_DCASGD_CHECKPOINT_DIR/checkpoint-000000009.pt"; '
+                 'sleep 6; echo ranks exit; exit 75')
+    status, out = _signal_one_node_script(stand_ins, signal.SIGTERM, squeue=ends_now, on_usr1=slow_exit,
+                                          scontrol=kill_wait)
+    assert status == 75, out
+    # 2 s after the SIGTERM (10 s before KillWait's end), while the ranks are still exiting
+    assert out.count("scontrol requeue 7") == 1, out
+    assert out.index("requeueing job 7") < out.index("ranks exit"), out
+    assert "its ranks are still exiting, and SLURM ends this script 12 s after the time limit" in out, out
+
+
+def test_at_the_time_limit_a_job_with_no_checkpoint_since_the_stop_is_not_requeued_early(stand_ins):
+    ends_now = "#!/bin/sh\ndate +%Y-%m-%dT%H:%M:%S\n"
+    kill_wait = 'case "$*" in "show config") echo "KillWait                = 10 sec";; esac\n'
+    status, out = _signal_one_node_script(stand_ins, signal.SIGTERM, squeue=ends_now, scontrol=kill_wait,
+                                          on_usr1="echo ranks got USR1; sleep 3; echo ranks exit; exit 9")
+    assert status == 9 and "requeue" not in out, out
 
 
 def test_the_script_given_arguments_runs_them(stand_ins):

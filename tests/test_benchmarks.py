@@ -424,3 +424,21 @@ def test_sync_pace_runs_get_only_their_own_settings(monkeypatch):
     assert plain["OMPI_MCA_btl_tcp_if_include"] == "lo"
     recipe = bench_sync_pace.environment(bench_sync_pace.HOROVOD[2][1])
     assert recipe["OMPI_MCA_mpi_yield_when_idle"] == "1" and recipe["HOROVOD_CYCLE_TIME"] == "5", recipe
+
+
+@pytest.mark.mpi
+def test_the_join_handshake_benchmark_admits_a_worker_of_another_launch_both_ways(page):
+    """A worker started by a separate ``mpirun`` is admitted by the running
+    job through ``ompi-server`` (Publish_name, Lookup_name, Connect/Accept,
+    Merge, two windows), by the serving loop itself and by a helper thread."""
+    argv = ["--rounds", 1, "--markdown", page[0]]
+    result = python(BENCH / "join_handshake.py", *argv, timeout=300)
+    assert result.returncode == 0, result.stdout
+    rows = [line.split() for line in result.stdout.splitlines()[1:3]]
+    assert [row[0] for row in rows] == ["loop", "thread"], result.stdout
+    for row in rows:
+        assert all(cell.endswith("ms") and float(cell[:-2]) > 0 for cell in row[2:5]), result.stdout
+        assert all(float(cell) > 0 for cell in row[5:8]), result.stdout
+    table = _table(_section(page, "join_handshake.py", argv))
+    assert [row[0] for row in table] == ["`loop`", "`thread`"], table
+    assert all(float(cell) > 0 for row in table for cell in row[2:]), table

@@ -39,6 +39,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -48,6 +49,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent.parent))  # the package, where it is not installed
 
 SERVICE = "hvd_dcasgd-join-handshake-{}"
 PLACEMENTS = {
@@ -190,6 +192,8 @@ def joiner(name: str) -> None:
 
 def one_round(placement: str, folder: Path, round_: int) -> dict:
     """Start ompi-server, the job and, once it serves, the joiner; the worker's figures."""
+    from hvd_dcasgd.common.process import run_command  # here: the ranks choose their own thread level
+
     uri, out = folder / f"uri-{placement}-{round_}", folder / f"result-{placement}-{round_}.json"
     server = subprocess.Popen(["ompi-server", "--no-daemonize", "--report-uri", str(uri)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -206,10 +210,18 @@ def one_round(placement: str, folder: Path, round_: int) -> dict:
                   "-x", f"MPI4PY_RC_THREAD_LEVEL={settings['level']}", "-x", f"JOIN_NAME={name}"]
         me = [sys.executable, str(Path(__file__).resolve())]
         running = subprocess.Popen(["mpirun", *common, "-np", "2", *me, "--role", "job", "--placement", placement,
-                                    "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        joining = subprocess.run(["mpirun", *common, "-np", "1", *me, "--role", "joiner", "--name", name],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
-        output, _ = running.communicate(timeout=120)
+                                    "--out", str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+        try:  # a side left waiting in MPI spins on a core: both end with the round
+            joining = run_command(["mpirun", *common, "-np", "1", *me, "--role", "joiner", "--name", name],
+                                  timeout=120)
+            output, _ = running.communicate(timeout=120)
+        finally:
+            if running.poll() is None:
+                os.killpg(running.pid, signal.SIGKILL)
+                running.wait()
+        if joining.timed_out:
+            raise SystemExit(f"join_handshake: the {placement} round's joiner timed out:\n{joining.stdout[-2000:]}")
         if running.returncode or joining.returncode or not out.exists():
             raise SystemExit(f"join_handshake: the {placement} round failed:\n{output[-2000:]}\n{joining.stdout[-2000:]}")
         return json.loads(out.read_text())

@@ -246,7 +246,8 @@ def test_a_plain_scancel_stops_with_a_checkpoint_and_the_job_submitted_again_res
     time.sleep(1)
     cancelled = _command(["scancel", job_id], slurm_env, timeout=CONTROL_TIMEOUT)
     assert cancelled is not None and cancelled.returncode == 0, cancelled and cancelled.stdout
-    state, _, text = finished("cancelled", jobs, slurm_env)
+    # its deadline starts at the stop: the job was submitted with the others, minutes before its turn came
+    state, _, text = finished("cancelled", {"cancelled": (job_id, output, time.monotonic())}, slurm_env)
     assert state == "CANCELLED", text[-4000:]
     stopped = stopped_and_saved(text, out)
     assert "requeueing" not in text and _job_fields(job_id, slurm_env).get("Restarts") == "0", text[-4000:]
@@ -286,7 +287,10 @@ def test_a_job_stopped_by_slurms_advance_signal_is_requeued_and_resumes(jobs, sl
     # requeues only if the batch script got USR1).
     signalled = _command(["scancel", "--batch", "--signal=USR1", job_id], slurm_env, timeout=CONTROL_TIMEOUT)
     assert signalled is None or signalled.returncode == 0, signalled.stdout
-    _wait_for(f"requeueing job {job_id}", "preempted", jobs, slurm_env)
+    # its deadline starts at the signal: the job was submitted with the others, minutes before its turn came
+    # (its ranks alone can take half a minute to exit on a loaded machine)
+    _wait_for(f"requeueing job {job_id}", "preempted", {"preempted": (job_id, output, time.monotonic())},
+              slurm_env)
     released("preempted", jobs, slurm_env)
     requeued = {"preempted": (job_id, output, time.monotonic())}  # its second run's deadline starts now
     state, exit_code, text = finished("preempted", requeued, slurm_env)

@@ -4,6 +4,7 @@ real, separate ``mpirun``s that find each other through a real Open MPI
 job's main thread goes on calling MPI."""
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -24,14 +25,18 @@ def name_server(tmp_path):
     """A real ``ompi-server``; the path of the URI file it wrote."""
     if shutil.which("ompi-server") is None:
         unavailable("Open MPI's ompi-server is not installed")
-    uri = tmp_path / "ompi-server.uri"
-    server = subprocess.Popen(["ompi-server", "--no-daemonize", "--report-uri", str(uri)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    uri, log = tmp_path / "ompi-server.uri", tmp_path / "ompi-server.log"
+    # not this process's MPI variables: a test before may have initialised MPI here, and ompi-server would take
+    # them for a job of its own
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "ORTE_", "OPAL_"))}
+    with open(log, "w") as output:
+        server = subprocess.Popen(["ompi-server", "--no-daemonize", "--report-uri", str(uri)], env=env,
+                                  stdout=output, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
     while not (uri.exists() and uri.read_text().strip()):
         if time.monotonic() > deadline or server.poll() is not None:
             server.kill()
-            pytest.fail("ompi-server wrote no URI within 20 s")
+            pytest.fail(f"ompi-server wrote no URI within 20 s:\n{log.read_text()[-2000:]}")
         time.sleep(0.05)
     yield uri
     server.terminate()

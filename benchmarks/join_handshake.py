@@ -192,11 +192,11 @@ def joiner(name: str) -> None:
 
 def one_round(placement: str, folder: Path, round_: int) -> dict:
     """Start ompi-server, the job and, once it serves, the joiner; the worker's figures."""
-    from hvd_dcasgd.common.process import run_command  # here: the ranks choose their own thread level
+    from hvd_dcasgd.common.process import run_command, without_mpi_variables  # here: the ranks choose their own thread level
 
     uri, out = folder / f"uri-{placement}-{round_}", folder / f"result-{placement}-{round_}.json"
     # not an MPI process's variables (this script run from one): ompi-server would take them for a job of its own
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "ORTE_", "OPAL_"))}
+    clean = without_mpi_variables(os.environ)
     server = subprocess.Popen(["ompi-server", "--no-daemonize", "--report-uri", str(uri)], env=clean,
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:

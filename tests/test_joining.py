@@ -13,6 +13,7 @@ import time
 import pytest
 
 from helpers import PROGRAMS, BackgroundJob, run, unavailable
+from hvd_dcasgd.common.process import without_mpi_variables
 from hvd_dcasgd.launcher.command import local_command
 
 #: What a job that admits joiners needs: thread level multiple, and a one-sided component that allows it.
@@ -28,7 +29,7 @@ def name_server(tmp_path):
     uri, log = tmp_path / "ompi-server.uri", tmp_path / "ompi-server.log"
     # not this process's MPI variables: a test before may have initialised MPI here, and ompi-server would take
     # them for a job of its own
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "ORTE_", "OPAL_"))}
+    env = without_mpi_variables(os.environ)
     with open(log, "w") as output:
         server = subprocess.Popen(["ompi-server", "--no-daemonize", "--report-uri", str(uri)], env=env,
                                   stdout=output, stderr=subprocess.STDOUT)

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence, Union
+from typing import Dict, Mapping, Optional, Sequence, Union
 
 __all__ = ["CommandResult", "run_command"]
 
@@ -52,3 +52,13 @@ def run_command(
         out, _ = proc.communicate()
         return CommandResult(args, -signal.SIGKILL, out, timed_out=True)
     return CommandResult(args, proc.returncode, out)
+
+
+#: What Open MPI puts into an MPI process's environment.
+MPI_VARIABLE_PREFIXES = ("OMPI_", "PMIX_", "ORTE_", "OPAL_")
+
+
+def without_mpi_variables(environ: Mapping[str, str]) -> Dict[str, str]:
+    """``environ`` without Open MPI's per-process variables: a tool started
+    from an MPI process (``ompi-server``) would take them for a job of its own."""
+    return {k: v for k, v in environ.items() if not k.startswith(MPI_VARIABLE_PREFIXES)}
